@@ -1,0 +1,174 @@
+"""The trace text format (../DESIGN.md section 1): frames <-> text, both ways.
+
+    prompt = render_prompt(program, "f(1, 3)")
+    text = render_trace(frames)            # frames -> text (no EOS)
+    assert render_trace(parse_trace(text)) == text
+
+Grammar (special tokens from codi.tokens):
+
+    prompt := <|trace_context_start|> PROGRAM "\\n" "# call: " CALL "\\n" <|frame_sep|>
+    FRAME  := <|call_sep|> LOCALS <|action_sep|> LINE <|frame_sep|>
+            | <|line_sep|> LOCALS <|action_sep|> LINE <|frame_sep|>
+            | <|return_sep|> <|action_sep|> LINE <|arg_sep|> VALUE <|frame_sep|>
+            | <|exception_sep|> <|action_sep|> LINE <|arg_sep|> VALUE <|frame_sep|>
+
+LOCALS is a JSON object of reprs (".." = unchanged since the scope's previous frame), VALUE a
+JSON string holding a repr, LINE the raw source line with its "\\n". A `Frame` keeps LOCALS and
+VALUE as the exact JSON text written, which is what makes text -> frames -> text the identity.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from codi.tokens import (
+    ACTION_SEP, ARG_SEP, CALL_SEP, EXCEPTION_SEP, FRAME_SEP, LINE_SEP, RETURN_SEP,
+    TRACE_CONTEXT_START,
+)
+
+FrameKind = Literal["call", "line", "return", "exception"]
+UNCHANGED = ".."  # diff encoding of a value equal to the scope's previous frame
+# Ends a repr cut at TraceConfig.max_repr_chars: visible to people and models, and no valid
+# Python literal contains it, so a cut value never compares equal to a whole one by accident.
+REPR_CUT = "<cut>"
+CALL_PREFIX = "# call: "
+
+_MARKER = {"call": CALL_SEP, "line": LINE_SEP, "return": RETURN_SEP, "exception": EXCEPTION_SEP}
+_KIND = {v: k for k, v in _MARKER.items()}
+
+
+class TraceParseError(ValueError):
+    """Trace text that does not follow the grammar; says which frame and why."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One trace event. `locals` (call/line) and `value` (return/exception) are exact JSON text."""
+
+    kind: FrameKind
+    source_line: str
+    locals: str | None = None
+    value: str | None = None
+
+    def locals_dict(self) -> dict[str, str]:
+        """The frame's locals as {name: repr} ('..' kept as written)."""
+        return json.loads(self.locals) if self.locals is not None else {}
+
+    def value_repr(self) -> str | None:
+        """The repr held by VALUE (return value or exception), decoded from its JSON string."""
+        return json.loads(self.value) if self.value is not None else None
+
+
+def encode_locals(values: dict[str, str]) -> str:
+    """LOCALS text for a {name: repr} mapping, in the mapping's order (Python's, never sorted)."""
+    return json.dumps(values, ensure_ascii=False)
+
+
+def encode_value(text: str) -> str:
+    """VALUE text for a repr."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def render_prompt(program: str, call: str) -> str:
+    """The trace context: the program and the call being traced."""
+    return f"{TRACE_CONTEXT_START}{program}\n{CALL_PREFIX}{call}\n{FRAME_SEP}"
+
+
+def render_frame(frame: Frame) -> str:
+    marker = _MARKER[frame.kind]
+    if frame.kind in ("call", "line"):
+        return f"{marker}{frame.locals}{ACTION_SEP}{frame.source_line}{FRAME_SEP}"
+    return f"{marker}{ACTION_SEP}{frame.source_line}{ARG_SEP}{frame.value}{FRAME_SEP}"
+
+
+def render_trace(frames: list[Frame]) -> str:
+    return "".join(render_frame(f) for f in frames)
+
+
+def locals_offsets(frames: list[Frame]) -> list[tuple[int, int]]:
+    """Character span [start, end) of each LINE frame's LOCALS inside `render_trace(frames)`."""
+    spans, pos = [], 0
+    for f in frames:
+        if f.kind == "line":
+            start = pos + len(LINE_SEP)
+            spans.append((start, start + len(f.locals or "")))
+        pos += len(render_frame(f))
+    return spans
+
+
+def _parse_one(chunk: str, index: int, strict: bool) -> Frame:
+    def fail(why: str) -> TraceParseError:
+        return TraceParseError(f"frame {index}: {why}: {chunk[:80]!r}")
+
+    marker = next((m for m in _KIND if chunk.startswith(m)), None)
+    if marker is None:
+        raise fail("does not start with a frame marker")
+    kind = _KIND[marker]
+    body = chunk[len(marker):]
+    if kind in ("call", "line"):
+        locals_text, sep, line = body.partition(ACTION_SEP)
+        if not sep:
+            raise fail("no <|action_sep|>")
+        if ARG_SEP in line or ACTION_SEP in line:
+            raise fail("unexpected separator in the source line")
+        if strict:
+            try:
+                obj = json.loads(locals_text)
+            except json.JSONDecodeError as e:
+                raise fail(f"locals are not JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or not all(isinstance(v, str) for v in obj.values()):
+                raise fail("locals are not a JSON object of strings")
+        return Frame(kind, line, locals=locals_text)
+    if not body.startswith(ACTION_SEP):
+        raise fail("no <|action_sep|> after the marker")
+    line, sep, value = body[len(ACTION_SEP):].partition(ARG_SEP)
+    if not sep:
+        raise fail("no <|arg_sep|>")
+    if ARG_SEP in value or ACTION_SEP in value:
+        raise fail("unexpected separator in the value")
+    if strict:
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise fail(f"value is not JSON ({e.msg})") from None
+        if not isinstance(decoded, str):
+            raise fail("value is not a JSON string")
+    return Frame(kind, line, value=value)
+
+
+def parse_frames_prefix(text: str, strict: bool = True) -> tuple[list[Frame], str]:
+    """Parse every complete frame of `text`; return them and the unparsed rest (an open frame)."""
+    chunks = text.split(FRAME_SEP)
+    rest = chunks.pop()  # text after the last <|frame_sep|> (empty for a complete trace)
+    return [_parse_one(c, i, strict) for i, c in enumerate(chunks)], rest
+
+
+def parse_trace(text: str, strict: bool = True) -> list[Frame]:
+    """Parse a complete trace (no EOS). Raises TraceParseError naming the bad frame."""
+    frames, rest = parse_frames_prefix(text, strict)
+    if rest:
+        raise TraceParseError(f"frame {len(frames)}: not closed by <|frame_sep|>: {rest[:80]!r}")
+    return frames
+
+
+def entry_exit(frames: list[Frame]) -> Frame | None:
+    """The return/exception frame that ends the entry call (call depth back to 0), or None.
+
+    Depth counts call frames (+1) against return/exception frames (-1); a generator's resume
+    and yield are a call and a return, so they balance too."""
+    depth = 0
+    for f in frames:
+        if f.kind == "call":
+            depth += 1
+        elif f.kind in ("return", "exception"):
+            depth -= 1
+            if depth == 0:
+                return f
+    return None
+
+
+def actions(frames: list[Frame]) -> list[tuple[str, str]]:
+    """The executed event sequence: (kind, source line) of every frame."""
+    return [(f.kind, f.source_line) for f in frames]
