@@ -158,7 +158,7 @@ class TrainConfig:
     epochs: float = _f(1.0, "passes over the train split when max_steps = -1", gt=0)
     lr: float = _f(1e-4, "peak learning rate", gt=0)
     lr_schedule: Literal["cosine", "linear", "constant", "constant_with_warmup"] = _f("cosine", "learning-rate schedule")
-    warmup_ratio: float = _f(0.03, "share of steps spent warming up", ge=0.0, le=1.0)
+    warmup_ratio: float = _f(0.03, "share of steps spent warming up", ge=0.0, lt=1.0)
     weight_decay: float = _f(0.0, "AdamW weight decay", ge=0.0)
     batch_size: int = _f(8, "examples per device per step", ge=1)
     grad_accum: int = _f(1, "micro-batches accumulated per optimizer step", ge=1)

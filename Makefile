@@ -1,0 +1,58 @@
+# codi-trace: the two commands of the README, and a few more.
+#   make run    create .venv, install, run the whole pipeline (dvc repro) on the embedded default
+#   make test   create/reuse .venv, install, run the default test suite
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# No command of the project reaches the network by default (see README, "Offline by default").
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export WANDB_SILENT := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: run test test-slow test-all install bench repro status git-repo
+
+install: $(STAMP)
+
+# The stamp is rebuilt when the dependency pins change. constraints.txt pins the whole resolved
+# environment; torch==2.13.0 there matches a CPU or CUDA build alike.
+$(STAMP): pyproject.toml constraints.txt
+	@test -n "$(PYTHON)" || { echo "error: python3.11 not found" >&2; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $@
+
+# DVC needs a git repository. A clone is one; an unpacked tarball is made one here (one commit of
+# the tree as it is), so that `dvc repro` and `dvc exp` work the same way.
+git-repo:
+	@git rev-parse --is-inside-work-tree >/dev/null 2>&1 || { \
+	  echo "not a git repository: initialising one (git init + one commit of this tree)"; \
+	  git init -q && git add -A && \
+	  git -c user.name=codi-trace -c user.email=codi-trace@localhost commit -qm "import codi-trace"; }
+
+run: $(STAMP) git-repo
+	$(BIN)/dvc repro
+	@$(BIN)/dvc status
+	@test -f metrics/eval.md && cat metrics/eval.md || true
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -m "slow or not slow"
+
+bench: $(STAMP)
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+repro: $(STAMP) git-repo
+	$(BIN)/dvc repro
+
+status: $(STAMP)
+	$(BIN)/dvc status

@@ -1,0 +1,141 @@
+"""The base LM every training stage starts from (params section `model`).
+
+    check_model_source(cfg.model)                    # fail fast: bad path, hub id while offline
+    tok = train_tiny_tokenizer(texts, cfg.model.tiny) # when model.base == "tiny"
+    model, tok = build_base(cfg.model, train_texts)  # tiny from scratch, or from_pretrained + tokens
+    save_base(model, tok, "models/base")              # HF format: later stages load it like a hub model
+
+`tiny` is the embedded default: a from-scratch Qwen2-style decoder and a byte-level BPE trained on the
+training split's prompt and trace text (digits split one by one: a tiny model learns arithmetic on
+digits far more easily than on multi-digit merges). Anything else is a local HF folder or a hub id,
+loaded with `from_pretrained`; the trace tokens are added and the embeddings resized.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from codi.config import ConfigError, ModelConfig, TinyModelConfig
+from codi.tokens import EOS, PAD, TRACE_TOKENS, add_trace_tokens
+
+SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD, *TRACE_TOKENS)
+BYTE_ALPHABET = 256
+
+
+def is_local_path(base: str) -> bool:
+    """A `model.base` that names a folder rather than a hub id (`org/name`)."""
+    return base.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(base)) or base.count("/") > 1
+
+
+def check_model_source(cfg: ModelConfig) -> None:
+    """Fail before any work when `model.base` cannot be loaded: missing folder, unreadable config,
+    vocabulary too small, or a hub id that is neither cached nor reachable."""
+    if cfg.base == "tiny":
+        need = BYTE_ALPHABET + len(SPECIAL_TOKENS) + 1
+        if cfg.tiny.vocab_size < need:
+            raise ConfigError(f"model.tiny.vocab_size = {cfg.tiny.vocab_size}: expected >= {need} "
+                              f"(256 byte symbols + {len(SPECIAL_TOKENS)} special tokens + merges)")
+        return
+    if is_local_path(cfg.base):
+        path = Path(os.path.expanduser(cfg.base))
+        if not path.is_dir():
+            raise ConfigError(f"model.base = {cfg.base!r}: no such model folder")
+        config = path / "config.json"
+        try:
+            json.loads(config.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.base = {cfg.base!r}: cannot read {config}: {e}") from None
+        return
+    # A hub id. Resolve config.json now (cache first), so that an offline machine fails here with
+    # a sentence instead of deep inside from_pretrained after the split was written.
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        hf_hub_download(cfg.base, "config.json", revision=cfg.revision, local_files_only=offline)
+    except LocalEntryNotFoundError:
+        raise ConfigError(f"model.base = {cfg.base!r}: a hub id, but the hub cannot be reached (offline?) and the "
+                          f"model is not in the local Hugging Face cache; download it first or name a local folder") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise ConfigError(f"model.base = {cfg.base!r}: cannot resolve it on the hub: {e}") from None
+
+
+def train_tiny_tokenizer(texts: Iterable[str], cfg: TinyModelConfig):
+    """A byte-level BPE over `texts` with the trace tokens as atomic specials, as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # Digits one by one, then GPT-2 style byte-level splitting. trim_offsets=False keeps offsets
+    # exact (precompute finds spans from them).
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True, trim_offsets=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size, min_frequency=cfg.tokenizer_min_frequency,
+        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD,
+                                   clean_up_tokenization_spaces=False)
+    fast.add_special_tokens({"additional_special_tokens": list(TRACE_TOKENS)})
+    return fast
+
+
+def tiny_model(cfg: TinyModelConfig, tokenizer):
+    """A freshly initialised Qwen2-style decoder sized by `cfg`, vocabulary from the tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, use_cache=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = Qwen2ForCausalLM(config)
+    return model
+
+
+def build_base(cfg: ModelConfig, train_texts: Iterable[str]):
+    """(model, tokenizer) of the configured base, trace tokens included."""
+    if cfg.base == "tiny":
+        tok = train_tiny_tokenizer(train_texts, cfg.tiny)
+        return tiny_model(cfg.tiny, tok), tok
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = os.path.expanduser(cfg.base)
+    kw = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(path, use_fast=True, **kw)
+    if not getattr(tok, "is_fast", False):
+        raise ConfigError(f"model.base = {cfg.base!r}: needs a fast tokenizer (offsets locate the locals spans)")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", **kw)
+    if add_trace_tokens(tok) or model.get_input_embeddings().weight.shape[0] < len(tok):
+        model.resize_token_embeddings(len(tok))
+    model.config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def save_base(model, tokenizer, out: str | Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """Content hash of the tokenizer (vocabulary, merges, specials): identifies a cache's token ids."""
+    blob = tokenizer.backend_tokenizer.to_str() if getattr(tokenizer, "is_fast", False) else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

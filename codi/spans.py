@@ -1,0 +1,75 @@
+"""Tokenize prompt + trace and locate every LINE frame's locals span (the contract with codi).
+
+    enc = encode_examples(tok, prompts, traces, locals_char_spans)   # batched, fast tokenizer
+    enc[k].trace_ids[i] == <|line_sep|>;  enc[k].trace_ids[i+1:j] == its LOCALS;  trace_ids[j] == <|action_sep|>
+
+Spans come from the tokenizer's character offsets (not from searching token ids): the LOCALS text of
+each LINE frame is known in characters (`codi.tracing.format.locals_offsets`), and the tokens at its
+boundaries are the atomic `<|line_sep|>` and `<|action_sep|>`. Every span is verified when found:
+decoding `trace_ids[i+1:j]` must give back exactly that frame's LOCALS text, else `SpanError`
+names the sample. `trace_ids` ends with the tokenizer's eos (DESIGN: trace := FRAME+ EOS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codi.tokens import ACTION_SEP, LINE_SEP, TraceTokenIds, token_ids
+
+
+class SpanError(ValueError):
+    """A locals span that does not line up with the tokens (a tokenizer that merges across a special token)."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    prompt_ids: list[int]
+    trace_ids: list[int]       # ends with eos
+    spans: list[tuple[int, int]]
+
+
+def encode_examples(tokenizer, prompts: list[str], traces: list[str],
+                    locals_char_spans: list[list[tuple[int, int]]], names: list[str] | None = None,
+                    ids: TraceTokenIds | None = None) -> list[Encoded]:
+    """Tokenize a batch and find every span; `names` (sample ids) go into error messages."""
+    ids = ids or token_ids(tokenizer)
+    names = names or [f"example {k}" for k in range(len(traces))]
+    p_enc = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    t_enc = tokenizer(traces, add_special_tokens=False, return_offsets_mapping=True)
+    out, checks = [], []
+    for k, (tids, offsets) in enumerate(zip(t_enc["input_ids"], t_enc["offset_mapping"])):
+        start_to_token = {s: n for n, (s, e) in enumerate(offsets) if e > s}
+        spans = []
+        for cs, ce in locals_char_spans[k]:
+            i = start_to_token.get(cs - len(LINE_SEP))
+            j = start_to_token.get(ce)
+            if i is None or j is None or tids[i] != ids.line_sep or tids[j] != ids.action_sep or j <= i + 1:
+                raise SpanError(f"{names[k]}: locals at characters [{cs}, {ce}) are not bounded by "
+                                f"{LINE_SEP} / {ACTION_SEP} tokens (tokens {i}, {j})")
+            spans.append((i, j))
+            checks.append((k, i, j, traces[k][cs:ce]))
+        out.append(Encoded(list(p_enc[k]), list(tids) + [ids.eos], spans))
+    # One batched decode of every span: the invariant is checked on every example written.
+    decoded = tokenizer.batch_decode([out[k].trace_ids[i + 1:j] for k, i, j, _ in checks],
+                                     skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    for (k, i, j, want), got in zip(checks, decoded):
+        if got != want:
+            raise SpanError(f"{names[k]}: span ({i}, {j}) decodes to {got[:60]!r}, expected the locals {want[:60]!r}")
+    return out
+
+
+def encode_naive(tokenizer, prompt: str, trace: str, ids: TraceTokenIds) -> Encoded:
+    """One example at a time, spans by searching token ids: the benchmark's baseline (and a cross-check:
+    with atomic special tokens both must agree)."""
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    t = tokenizer(trace, add_special_tokens=False)["input_ids"] + [ids.eos]
+    spans, open_at = [], None
+    for n, tid in enumerate(t):
+        if tid == ids.line_sep:
+            open_at = n
+        elif tid == ids.action_sep and open_at is not None:
+            spans.append((open_at, n))
+            open_at = None
+        elif tid in (ids.call_sep, ids.return_sep, ids.exception_sep):
+            open_at = None
+    return Encoded(p, t, spans)

@@ -1,0 +1,161 @@
+"""Stage `precompute`: traces -> tokenizer + base model + split caches with exact locals spans.
+
+    python -m codi precompute [--traces data/traces] [--cache data/cache] [--base-out models/base]
+
+Reads every `data/traces/<source>.parquet`, keeps `ok` traces, splits by problem (stable hash),
+builds the base model (`model.base`: tiny from scratch with a BPE trained on the train split, or a
+hub/local model with the trace tokens added), tokenizes in batches, locates and verifies every LINE
+frame's locals span, applies the `max_frames` / `max_seq_len` filters, and writes
+`data/cache/{train,val,test,holdout}.arrow`, `data/cache/manifest.json` (DVC metrics) and `models/base/`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from codi.answers import render_direct
+from codi.base_model import build_base, check_model_source, save_base, tokenizer_sha256
+from codi.config import ConfigError, Params, to_dict
+from codi.data import CACHE_FORMAT_VERSION, SPLITS, split_of, write_split
+from codi.spans import encode_examples
+from codi.tokens import token_ids
+from codi.tracing.format import entry_exit, locals_offsets, parse_trace, render_prompt
+
+TRACE_COLUMNS = ["sample_id", "source", "problem_id", "program", "call", "trace_text", "return_repr",
+                 "status", "n_frames"]
+
+
+def load_ok_traces(traces_dir: Path, pc_cfg, dropped: dict[str, Counter]) -> list[dict]:
+    """`ok` rows of every source file, parsed; every row not kept is counted in `dropped[source]`."""
+    files = sorted(traces_dir.glob("*.parquet"))
+    if not files:
+        raise ConfigError(f"{traces_dir}: no <source>.parquet files (run the extract stage first)")
+    rows = []
+    for f in files:
+        table = pq.read_table(f)
+        missing = [c for c in TRACE_COLUMNS if c not in table.column_names]
+        if missing:
+            raise ConfigError(f"{f}: not a traces file of this version: missing column {missing[0]!r}")
+        for r in table.select(TRACE_COLUMNS).to_pylist():
+            src = r["source"]
+            if r["status"] != "ok":
+                dropped[src][f"status:{r['status']}"] += 1
+                continue
+            if r["n_frames"] > pc_cfg.max_frames:
+                dropped[src]["max_frames"] += 1
+                continue
+            frames = parse_trace(r["trace_text"])
+            exit_frame = entry_exit(frames)
+            spans = locals_offsets(frames)
+            if not spans:
+                dropped[src]["no_line_frames"] += 1
+                continue
+            if exit_frame is None or exit_frame.kind != "return":
+                raise ConfigError(f"{f}: sample {r['sample_id']} has status ok but no entry return frame")
+            r["prompt"] = render_prompt(r["program"], r["call"])
+            r["char_spans"] = spans
+            r["answer_repr"] = exit_frame.value_repr()  # the trace's own VALUE: the truth of every mode
+            rows.append(r)
+    return rows
+
+
+def run(params: Params, traces_dir: Path, cache_dir: Path, base_out: Path) -> int:
+    t0 = time.time()
+    pc_cfg, model_cfg = params.precompute, params.model
+    check_model_source(model_cfg)  # before any work: bad path / offline hub id
+
+    dropped: dict[str, Counter] = defaultdict(Counter)
+    rows = load_ok_traces(traces_dir, pc_cfg, dropped)
+    for r in rows:
+        r["split"] = ("holdout" if r["source"] in pc_cfg.holdout_sources else
+                      split_of(r["problem_id"], pc_cfg.val_fraction, pc_cfg.test_fraction, pc_cfg.split_salt))
+    train_rows = [r for r in rows if r["split"] == "train"]
+    if not train_rows:
+        raise ConfigError(f"{traces_dir}: no ok traces fall in the train split ({len(rows)} ok traces in all)")
+
+    print(f"precompute: {len(rows)} usable traces; building base model {model_cfg.base!r}")
+    model, tok = build_base(model_cfg, (r["prompt"] + r["trace_text"] for r in train_rows))
+    ids = token_ids(tok)
+
+    by_split: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    bs = pc_cfg.batch_size
+    for start in tqdm(range(0, len(rows), bs), desc="tokenize+spans", unit="batch", leave=False):
+        batch = rows[start:start + bs]
+        enc = encode_examples(tok, [r["prompt"] for r in batch], [r["trace_text"] for r in batch],
+                              [r["char_spans"] for r in batch], names=[r["sample_id"] for r in batch], ids=ids)
+        answers = tok([render_direct(r["answer_repr"]) for r in batch], add_special_tokens=False)["input_ids"]
+        for r, e, a in zip(batch, enc, answers):
+            if len(e.prompt_ids) + len(e.trace_ids) > pc_cfg.max_seq_len:
+                dropped[r["source"]]["max_seq_len"] += 1
+                continue
+            by_split[r["split"]].append({
+                "sample_id": r["sample_id"], "source": r["source"], "problem_id": r["problem_id"],
+                "prompt_ids": e.prompt_ids, "trace_ids": e.trace_ids, "spans": e.spans,
+                "answer_ids": list(a) + [ids.eos], "answer": r["answer_repr"], "program": r["program"],
+                "call": r["call"], "trace_text": r["trace_text"], "n_frames": r["n_frames"],
+            })
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "format_version": CACHE_FORMAT_VERSION,
+        "tokenizer_sha256": tokenizer_sha256(tok),
+        "vocab_size": len(tok),
+        "params": {"precompute": to_dict(pc_cfg), "model": to_dict(model_cfg)},
+        "splits": {},
+        "dropped": {src: dict(sorted(c.items())) for src, c in sorted(dropped.items())},
+        "tokens": token_statistics([r for s in SPLITS for r in by_split[s]]),
+    }
+    for split in SPLITS:
+        split_rows = by_split[split]
+        sha = write_split(split_rows, cache_dir / f"{split}.arrow")
+        manifest["splits"][split] = {
+            "examples": len(split_rows),
+            "problems": len({r["problem_id"] for r in split_rows}),
+            "by_source": dict(sorted(Counter(r["source"] for r in split_rows).items())),
+            "sha256": sha,
+        }
+    (cache_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+    if base_out.exists():
+        shutil.rmtree(base_out)
+    tmp = base_out.with_name(base_out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_base(model, tok, tmp)
+    tmp.replace(base_out)  # a kill mid-save leaves only the .tmp folder, never a complete-looking base
+
+    print_summary(manifest, time.time() - t0)
+    return 0
+
+
+def token_statistics(rows: list[dict]) -> dict[str, float]:
+    if not rows:
+        return {"mean_prompt": 0.0, "mean_trace": 0.0, "mean_total": 0.0, "max_total": 0, "locals_share": 0.0}
+    p = [len(r["prompt_ids"]) for r in rows]
+    t = [len(r["trace_ids"]) for r in rows]
+    locals_tokens = sum(j - i - 1 for r in rows for i, j in r["spans"])
+    return {
+        "mean_prompt": round(sum(p) / len(rows), 2),
+        "mean_trace": round(sum(t) / len(rows), 2),
+        "mean_total": round((sum(p) + sum(t)) / len(rows), 2),
+        "max_total": max(a + b for a, b in zip(p, t)),
+        "mean_line_frames": round(sum(len(r["spans"]) for r in rows) / len(rows), 2),
+        "locals_share": round(locals_tokens / sum(t), 4),  # what CODI compresses
+    }
+
+
+def print_summary(manifest: dict, seconds: float) -> None:
+    s = manifest["splits"]
+    counts = ", ".join(f"{k} {v['examples']} ({v['problems']} problems)" for k, v in s.items())
+    tk = manifest["tokens"]
+    print(f"precompute: {counts}; vocab {manifest['vocab_size']}; mean tokens prompt {tk['mean_prompt']} + "
+          f"trace {tk['mean_trace']}; locals share {tk['locals_share']:.1%}; {seconds:.1f}s")
+    for src, c in manifest["dropped"].items():
+        print(f"  dropped from {src}: " + ", ".join(f"{k} {v}" for k, v in c.items()))
