@@ -86,7 +86,7 @@ def train_tiny_tokenizer(texts: Iterable[str], cfg: TinyModelConfig):
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD,
                                    clean_up_tokenization_spaces=False)
-    fast.add_special_tokens({"additional_special_tokens": list(TRACE_TOKENS)})
+    fast.add_special_tokens({"extra_special_tokens": list(TRACE_TOKENS)})
     return fast
 
 

@@ -74,12 +74,14 @@ def add_trace_tokens(tokenizer) -> int:
     Returns the number of tokens new to the tokenizer (0 when already present), so callers
     know whether to resize the model's embeddings."""
     before = len(tokenizer)
-    missing = [t for t in TRACE_TOKENS if t not in tokenizer.get_vocab()]
+    # Membership in the *added* tokens, not the vocabulary: a BPE may have learned the string as an
+    # ordinary merge, and only an added (special) token is matched before the model splits text.
+    added = set(tokenizer.added_tokens_encoder)
+    missing = [t for t in TRACE_TOKENS if t not in added]
     if missing:
         # Special tokens are never split or merged by the pre-tokenizer: frame boundaries stay
-        # token boundaries. `replace_additional_special_tokens=False` keeps the model's own ones.
-        tokenizer.add_special_tokens({"additional_special_tokens": missing},
-                                     replace_additional_special_tokens=False)
+        # token boundaries. `replace_extra_special_tokens=False` keeps the model's own ones.
+        tokenizer.add_special_tokens({"extra_special_tokens": missing}, replace_extra_special_tokens=False)
     if tokenizer.eos_token is None:
         tokenizer.add_special_tokens({"eos_token": EOS})
     if tokenizer.pad_token is None:
