@@ -1,0 +1,357 @@
+"""Greedy decoding of traces and answers: `explicit`, `latent` (CODI) and `direct` (no trace).
+
+    from codi.decoding import decode, iter_decode
+    results = decode("explicit", sft_model, tok, prompt_ids, max_new_tokens=1024, max_frames=256)
+    results = decode("latent", codi_model.model, tok, prompt_ids, projector=codi_model.prj, latent_steps=1)
+    for r in iter_decode("direct", direct_model, tok, many_prompts, batch_size=16, progress=True):
+        print(r.answer, r.stop, r.error)
+
+`model` is an HF causal LM with a decoder body (`model.model`, returning the post-final-norm hidden
+states) and `model.lm_head`; `prompt_ids` are token id lists of `render_prompt(program, call)`
+(they end in `<|frame_sep|>`).
+
+- explicit: generate frames until the entry call's return/exception frame is closed (call depth back
+  to 0), eos, `max_frames` closed frames, or `max_new_tokens` positions. Answer: that frame's VALUE.
+- latent: the same, except that right after every generated `<|line_sep|>` the decoder feeds the
+  latent block instead of letting the model write the locals: `<|latent_start|>`, `latent_steps`
+  latents (each = projector(hidden state at the previous position)), `<|latent_end|>`; then the model
+  continues. It should write `<|action_sep|>` next; anything else is a grammar violation, reported in
+  `error` when the result is parsed (never forced). A `<|line_sep|>` the model writes anywhere gets a
+  block (the rule is "whenever it emits one"); one outside a LINE frame's start is malformed.
+- direct: generate `<|arg_sep|>` VALUE eos (codi.answers) until eos or `max_new_tokens`.
+
+Batching: prompts are left-padded; every step feeds one position per unfinished row as
+`inputs_embeds` (a token's embedding, or a latent), with a 2-D attention mask over past + new and
+explicit `position_ids`, in one model call for the whole batch. Finished rows leave the batch (the
+KV cache keeps only live rows), so no row ever carries padding in the middle and a batched result
+equals the one-at-a-time result. Positions count every generated item: tokens (the block's two
+markers included) and latents; `max_new_tokens` caps them.
+
+Time per example is the row's share of the batch's wall time: the prefill split evenly over the
+batch, each step split over the rows it fed. Summed over a batch it is the batch's wall time.
+A malformed generation never raises: it is returned with `error` set (see `parse_generation`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from codi.answers import parse_direct
+from codi.tokens import ACTION_SEP, LINE_SEP, TraceTokenIds, token_ids
+from codi.tracing.format import Frame, TraceParseError, entry_exit, parse_frames_prefix
+
+Mode = Literal["explicit", "latent", "direct"]
+StopReason = Literal["entry_exit", "eos", "max_frames", "max_new_tokens"]
+MODES: tuple[str, ...] = ("explicit", "latent", "direct")
+LATENT = -1  # stands for one latent position in DecodeResult.ids (never a token id)
+LATENT_TEXT = "<|latent|>"  # how a latent shows in DecodeResult.text (display only, not a token)
+
+
+@dataclass
+class DecodeResult:
+    """One decoded example. `frames` are the complete frames parsed before any error (latent LINE
+    frames have `locals=None`); `answer` is the entry exit's repr, None when malformed."""
+
+    mode: str
+    ids: list[int]            # generated ids, LATENT for a latent position
+    text: str                 # decoded ids, LATENT_TEXT for a latent
+    frames: list[Frame]
+    answer: str | None
+    positions: int            # generated positions = len(ids): tokens + latents
+    latent_blocks: int
+    stop: str                 # StopReason
+    error: str                # "" when well-formed
+    time_s: float
+    answer_kind: str | None = None  # "return" / "exception" (explicit, latent); None otherwise
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["frames"] = [asdict(f) for f in self.frames]
+        return d
+
+
+@dataclass
+class _Row:
+    """Decoding state of one example."""
+
+    ids: list[int] = field(default_factory=list)
+    queue: list[int] = field(default_factory=list)  # forced inputs still to come: the rest of a latent block
+    marker: int | None = None  # first token of the open frame
+    depth: int = 0
+    frames: int = 0
+    latent_blocks: int = 0
+    stop: str = ""
+    time_s: float = 0.0
+
+
+def _parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """(decoder body, lm head, input embeddings) of an HF causal LM (`.model`/`.lm_head` for Qwen2, Llama)."""
+    body = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = getattr(model, "lm_head", None)
+    if head is None and hasattr(model, "get_output_embeddings"):
+        head = model.get_output_embeddings()
+    if not isinstance(body, nn.Module) or not isinstance(head, nn.Module):
+        raise TypeError(f"{type(model).__name__}: expected an HF causal LM with a decoder body (.model) and .lm_head")
+    return body, head, model.get_input_embeddings()
+
+
+class _Decoder:
+    """One batch: prefill, then one model call per step until every row stops."""
+
+    def __init__(self, mode: str, model: nn.Module, ids: TraceTokenIds, vocab_size: int, *,
+                 projector: Callable[[torch.Tensor], torch.Tensor] | None, latent_steps: int,
+                 max_new_tokens: int, max_frames: int):
+        self.mode, self.model, self.t = mode, model, ids
+        self.body, self.head, self.embed = _parts(model)
+        self.vocab_size = vocab_size  # ids past the tokenizer's vocabulary (padded embeddings) are never chosen
+        self.projector, self.latent_steps = projector, latent_steps
+        params = list(projector.parameters()) if isinstance(projector, nn.Module) else []
+        self.projector_dtype = params[0].dtype if params else None
+        self.max_new_tokens, self.max_frames = max_new_tokens, max_frames
+        self.block = [ids.latent_start] + [LATENT] * latent_steps + [ids.latent_end]
+
+    def _advance(self, row: _Row, token: int | None) -> None:
+        """Append the next item: the model's greedy `token`, or (None) the next forced latent-block item."""
+        if token is None:
+            row.ids.append(row.queue.pop(0))
+        else:
+            row.ids.append(token)
+            t = self.t
+            if token == t.eos:
+                row.stop = "eos"
+                return
+            if self.mode != "direct":
+                if row.marker is None:
+                    row.marker = token
+                if token == t.frame_sep:
+                    row.frames += 1
+                    if row.marker == t.call_sep:
+                        row.depth += 1
+                    elif row.marker in (t.return_sep, t.exception_sep):
+                        row.depth -= 1
+                        if row.depth == 0:  # the entry call's exit frame is complete
+                            row.stop = "entry_exit"
+                            return
+                    row.marker = None
+                    if row.frames >= self.max_frames:
+                        row.stop = "max_frames"
+                        return
+                if self.mode == "latent" and token == t.line_sep:
+                    row.queue = list(self.block)
+                    row.latent_blocks += 1
+        if len(row.ids) >= self.max_new_tokens:
+            row.stop = "max_new_tokens"
+
+    def run(self, prompts: Sequence[Sequence[int]]) -> list[_Row]:
+        dev = self.embed.weight.device
+        dtype = self.embed.weight.dtype
+        n = len(prompts)
+        rows = [_Row() for _ in prompts]
+        width = max(len(p) for p in prompts)
+        tokens = torch.full((n, width), self.t.pad, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for b, p in enumerate(prompts):  # left padding: every row's last prompt token is at column -1
+            tokens[b, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[b, width - len(p):] = 1
+        tokens, mask = tokens.to(dev), mask.to(dev)
+        positions = (mask.cumsum(1) - 1).clamp(min=0)  # (n, width)
+        next_pos = mask.sum(1)  # (n,) position of each row's next input
+        cache = DynamicCache(config=self.model.config) if hasattr(self.model, "config") else DynamicCache()
+
+        t0 = time.perf_counter()
+        out = self.body(inputs_embeds=self.embed(tokens), attention_mask=mask, position_ids=positions,
+                        cache=cache, use_cache=True)
+        hidden = out.last_hidden_state[:, -1]  # (n, H), post-final-norm
+        live = list(range(n))  # original indices of the rows still in the batch, in batch order
+        need = list(range(n))
+        while True:
+            # Rows with nothing forced queued take the model's greedy choice.
+            choice: dict[int, int] = {}
+            if need:
+                logits = self.head(hidden[need])[:, :self.vocab_size]  # (len(need), V)
+                choice = dict(zip(need, logits.argmax(-1).tolist()))
+            for k, b in enumerate(live):
+                self._advance(rows[b], choice.get(k))
+            elapsed = time.perf_counter() - t0
+            for b in live:  # this step's (or the prefill's) time, split over the rows it fed
+                rows[b].time_s += elapsed / len(live)
+            keep = [k for k, b in enumerate(live) if not rows[b].stop]
+            if not keep:
+                break
+            t0 = time.perf_counter()
+            if len(keep) < len(live):
+                sel = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(sel)
+                mask, hidden, next_pos = mask[sel], hidden[sel], next_pos[sel]
+                live = [live[k] for k in keep]
+            # Next inputs (A, 1, H): the embedding of each row's last item, or a latent.
+            last = [rows[b].ids[-1] for b in live]
+            emb = self.embed(torch.tensor([max(i, 0) for i in last], device=dev)[:, None])
+            lat = [k for k, i in enumerate(last) if i == LATENT]
+            if lat:
+                if self.projector is None:
+                    raise ValueError("latent decoding needs a projector")
+                emb = emb.clone()
+                h = hidden[lat][:, None].to(self.projector_dtype or dtype)  # (L, 1, H)
+                emb[lat] = self.projector(h).to(dtype)
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            out = self.body(inputs_embeds=emb, attention_mask=mask, position_ids=next_pos[:, None],
+                            cache=cache, use_cache=True)
+            hidden = out.last_hidden_state[:, -1]
+            next_pos = next_pos + 1
+            need = [k for k, b in enumerate(live) if not rows[b].queue]
+        return rows
+
+
+# ------------------------------------------------------------------------------------ parsing
+def _decode_text(tokenizer, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _split_frames(ids: list[int], frame_sep: int) -> list[list[int]]:
+    """Token chunks, one per frame; the last chunk is what follows the last `<|frame_sep|>`."""
+    chunks: list[list[int]] = [[]]
+    for i in ids:
+        chunks[-1].append(i)
+        if i == frame_sep:
+            chunks.append([])
+    return chunks
+
+
+def _one_frame(text: str, index: int) -> Frame:
+    """Parse one frame's text (it ends in `<|frame_sep|>`); errors name frame `index`."""
+    try:
+        frames, rest = parse_frames_prefix(text)
+    except TraceParseError as e:
+        raise TraceParseError(f"frame {index}: {str(e).removeprefix('frame 0: ')}") from None
+    except RecursionError:  # json.loads of absurdly nested locals or value
+        raise TraceParseError(f"frame {index}: JSON nested too deep: {text[:80]!r}") from None
+    if len(frames) != 1 or rest:  # a separator spelled out of ordinary tokens
+        raise TraceParseError(f"frame {index}: separator text inside the frame: {text[:80]!r}")
+    return frames[0]
+
+
+def _latent_frame(chunk: list[int], index: int, t: TraceTokenIds, tokenizer, block_len: int) -> Frame:
+    """Parse a LINE frame whose locals are a latent block: line_sep, block, action_sep, line, frame_sep."""
+    starts = [k for k, i in enumerate(chunk) if i == t.latent_start]
+    if chunk[0] != t.line_sep or starts != [1] or chunk.count(LATENT) != block_len - 2:
+        raise TraceParseError(f"frame {index}: a latent block outside a LINE frame's start")
+    after = chunk[1 + block_len:]
+    if not after or after[0] != t.action_sep:
+        got = repr(_decode_text(tokenizer, after[:1])) if after else "nothing"
+        raise TraceParseError(f"frame {index}: latent block followed by {got}, not {ACTION_SEP}")
+    # Any JSON object stands in for the locals so that the rest is checked by the one grammar.
+    frame = _one_frame(LINE_SEP + "{}" + _decode_text(tokenizer, after), index)
+    return Frame("line", frame.source_line, locals=None)
+
+
+def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, stop: str,
+                     latent_steps: int = 0) -> tuple[str, list[Frame], str | None, str | None, str]:
+    """Generated ids -> (text, frames, answer, answer_kind, error). Never raises on bad output.
+
+    Errors, first one wins: a frame that does not parse (strict: locals a JSON object of strings,
+    VALUE a JSON string), a latent block not followed by `<|action_sep|>` or not at a LINE frame's
+    start, no entry exit frame (the stop reason says which cap ended it), or (direct) a malformed answer."""
+    pieces, run = [], []
+    for i in ids:  # text: runs of tokens decoded at once, a marker per latent
+        if i == LATENT:
+            pieces.append(_decode_text(tokenizer, run) + LATENT_TEXT)
+            run = []
+        else:
+            run.append(i)
+    text = "".join(pieces) + _decode_text(tokenizer, run)
+    body = ids[:-1] if ids and ids[-1] == t.eos else ids
+    if mode == "direct":
+        if stop != "eos":
+            return text, [], None, None, f"no eos before {stop}"
+        parsed = parse_direct(_decode_text(tokenizer, body))
+        return text, [], parsed.answer, None, parsed.error
+    chunks = _split_frames(body, t.frame_sep)
+    frames: list[Frame] = []
+    block_len = latent_steps + 2
+    for index, chunk in enumerate(chunks[:-1]):
+        try:
+            if mode == "latent" and t.latent_start in chunk:
+                frames.append(_latent_frame(chunk, index, t, tokenizer, block_len))
+            else:
+                frames.append(_one_frame(_decode_text(tokenizer, chunk), index))
+        except TraceParseError as e:
+            return text, frames, None, None, f"malformed: {e}"
+    exit_frame = entry_exit(frames)
+    if exit_frame is None:
+        open_chunk = chunks[-1]
+        if mode == "latent" and t.latent_start in open_chunk and len(open_chunk) > block_len + 1:
+            try:  # a violation inside the open last frame says more than "no exit"
+                _latent_frame(open_chunk + [t.frame_sep], len(frames), t, tokenizer, block_len)
+            except TraceParseError as e:
+                if "followed by" in str(e):
+                    return text, frames, None, None, f"malformed: {e}"
+        return text, frames, None, None, f"no entry return/exception frame (stopped by {stop})"
+    return text, frames, exit_frame.value_repr(), exit_frame.kind, ""
+
+
+# ----------------------------------------------------------------------------------------- API
+def _check(mode: str, projector, latent_steps: int, max_new_tokens: int, max_frames: int) -> None:
+    if mode not in MODES:
+        raise ValueError(f"decoding mode {mode!r}: expected one of {MODES}")
+    if mode == "latent" and projector is None:
+        raise ValueError("latent decoding needs a projector (the codi model's thought projector)")
+    if latent_steps < 0 or max_new_tokens < 1 or max_frames < 1:
+        raise ValueError(f"latent_steps = {latent_steps}, max_new_tokens = {max_new_tokens}, max_frames = "
+                         f"{max_frames}: expected latent_steps >= 0 and caps >= 1")
+
+
+def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[int]], *,
+           projector: Callable[[torch.Tensor], torch.Tensor] | None = None, latent_steps: int = 1,
+           max_new_tokens: int = 1024, max_frames: int = 256,
+           ids: TraceTokenIds | None = None) -> list[DecodeResult]:
+    """Decode one batch of prompts (token id lists) greedily; results in prompt order."""
+    _check(mode, projector, latent_steps, max_new_tokens, max_frames)
+    if not prompts:
+        return []
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt: every prompt must hold at least one token")
+    t = ids or token_ids(tokenizer)
+    modules = [m for m in (model, projector) if isinstance(m, nn.Module)]
+    training = [m.training for m in modules]
+    for m in modules:  # greedy and deterministic: no dropout; restored after
+        m.eval()
+    try:
+        with torch.inference_mode():
+            rows = _Decoder(mode, model, t, len(tokenizer), projector=projector, latent_steps=latent_steps,
+                            max_new_tokens=max_new_tokens, max_frames=max_frames).run(prompts)
+    finally:
+        for m, was in zip(modules, training):
+            m.train(was)
+    results = []
+    for row in rows:
+        text, frames, answer, kind, error = parse_generation(mode, row.ids, tokenizer, t, row.stop, latent_steps)
+        results.append(DecodeResult(mode=mode, ids=row.ids, text=text, frames=frames, answer=answer,
+                                    positions=len(row.ids), latent_blocks=row.latent_blocks, stop=row.stop,
+                                    error=error, time_s=row.time_s, answer_kind=kind))
+    return results
+
+
+def iter_decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[int]], *,
+                batch_size: int = 16, progress: bool = False, **kwargs) -> Iterator[DecodeResult]:
+    """Decode many prompts in consecutive batches of `batch_size`, yielding results in prompt order.
+
+    `kwargs` are `decode`'s (projector, latent_steps, max_new_tokens, max_frames, ids);
+    `progress` shows a tqdm bar over batches."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size = {batch_size}: expected >= 1")
+    _check(mode, kwargs.get("projector"), kwargs.get("latent_steps", 1),
+           kwargs.get("max_new_tokens", 1024), kwargs.get("max_frames", 256))
+    starts = range(0, len(prompts), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+        starts = tqdm(starts, desc=f"decode {mode}", unit="batch")
+    for s in starts:
+        yield from decode(mode, model, tokenizer, prompts[s:s + batch_size], **kwargs)
