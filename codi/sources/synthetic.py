@@ -1,0 +1,187 @@
+"""The built-in, seeded generator of small programs: the embedded default's main training data.
+
+    from codi.config import SyntheticConfig
+    from codi.sources.synthetic import generate, generate_programs
+    samples = generate(SyntheticConfig(n_programs=1000, calls_per_program=2, difficulty=2, seed=0))
+    programs = generate_programs(cfg)      # with the template of each program, for statistics
+
+    $ python -m codi.sources.synthetic 5 3     # print 5 programs of difficulty 3
+
+A program is one entry function (plus a helper or a recursive function) of 3-12 lines, built
+from one of the templates in `codi.sources.synthetic_templates`. Difficulty d draws uniformly
+from the templates of level <= d: 1 = straight-line arithmetic and a branch; 2 = + loops, lists,
+strings, dicts, helper calls; 3 = + recursion and nested loops. Names, constants, operators and
+the optional parts of each template are random, so texts rarely repeat (and never within one
+generation: a repeat is redrawn).
+
+Every call is run here (trusted code, plain `exec`) under a counting tracer before it is kept:
+it must return without an exception within `MAX_FRAMES` call/line/return events, and every
+value it holds must stay small (`_small`). The return value's repr is the sample's `expected`.
+Program i is drawn from a generator seeded by (seed, i, attempt), so the same seed gives
+byte-identical programs, and the first k programs do not depend on n_programs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from codi.config import SyntheticConfig
+from codi.sources.base import Sample, normalize_program
+from codi.sources.synthetic_templates import TEMPLATES, Draft
+
+NAME = "synthetic"
+MAX_LINES = 12
+MAX_FRAMES = 50       # call + line + return events of one call; most calls need 10-35
+MAX_INT = 999
+MAX_LEN = 8           # list / dict items
+MAX_STR = 12
+_FILENAME = "<synthetic>"
+_PROGRAM_ATTEMPTS = 200
+_INPUT_DRAWS = 8      # input draws per wanted call before a program is redrawn
+_PROBES = 3           # calls run per program (at least) to refuse one whose result is constant
+
+
+@dataclass(frozen=True)
+class SyntheticProgram:
+    """One generated program with its calls and the return value of each (as a repr)."""
+
+    index: int
+    template: str
+    level: int
+    program: str
+    entry: str
+    calls: tuple[tuple[str, str], ...]  # (call, repr of the result)
+
+    @property
+    def n_lines(self) -> int:
+        return self.program.count("\n")
+
+
+def generate(cfg: SyntheticConfig) -> list[Sample]:
+    """`cfg.n_programs * cfg.calls_per_program` samples, ids `synthetic/<i>/<k>`."""
+    samples = []
+    for prog in generate_programs(cfg):
+        problem = f"{NAME}/{prog.index}"
+        for k, (call, expected) in enumerate(prog.calls):
+            samples.append(Sample(sample_id=f"{problem}/{k}", source=NAME, problem_id=problem,
+                                  program=prog.program, call=call, expected=expected))
+    return samples
+
+
+def generate_programs(cfg: SyntheticConfig) -> list[SyntheticProgram]:
+    """The programs of `cfg`, distinct texts, in index order."""
+    templates = [t for t in TEMPLATES if t.level <= cfg.difficulty]
+    seen: set[str] = set()
+    out = []
+    for i in range(cfg.n_programs):
+        prog = _draw_program(i, cfg, templates, seen)
+        seen.add(prog.program)
+        out.append(prog)
+    return out
+
+
+def _draw_program(i: int, cfg: SyntheticConfig, templates: list[Any], seen: set[str]) -> SyntheticProgram:
+    for attempt in range(_PROGRAM_ATTEMPTS):
+        rng = random.Random(_derive_seed(cfg.seed, i, attempt))
+        template = templates[rng.randrange(len(templates))]
+        draft = template.build(rng)
+        program = normalize_program("\n".join(draft.lines))
+        if program in seen or not 3 <= program.count("\n") <= MAX_LINES:
+            continue
+        calls = _draw_calls(program, draft, rng, cfg.calls_per_program)
+        if calls is not None:
+            return SyntheticProgram(i, template.name, template.level, program, draft.entry, tuple(calls))
+    raise RuntimeError(f"synthetic program {i} (seed {cfg.seed}): no valid program in {_PROGRAM_ATTEMPTS} "
+                       f"attempts; calls_per_program = {cfg.calls_per_program} may exceed the input variety")
+
+
+def _derive_seed(seed: int, i: int, attempt: int) -> int:
+    # A hash, not seed + i: neighbouring seeds must not give shifted copies of the same programs.
+    return int.from_bytes(hashlib.sha256(f"codi-synthetic/{seed}/{i}/{attempt}".encode()).digest()[:8], "big")
+
+
+def _draw_calls(program: str, draft: Draft, rng: random.Random, wanted: int) -> list[tuple[str, str]] | None:
+    """`wanted` distinct valid calls, or None; a program whose results never differ is refused."""
+    code = compile(program, _FILENAME, "exec")
+    calls: dict[str, str] = {}
+    needed = max(wanted, _PROBES)  # at least _PROBES calls to tell a constant program apart
+    for _ in range(needed * _INPUT_DRAWS):
+        args = [draw(rng) for draw in draft.inputs]
+        call = f"{draft.entry}({', '.join(repr(a) for a in args)})"
+        if call in calls:
+            continue
+        result = run_call(code, draft.entry, args)
+        if result is not None:
+            calls[call] = result
+            if len(calls) == needed:
+                break
+    if len(calls) < needed or len(set(calls.values())) == 1:
+        return None
+    return list(calls.items())[:wanted]
+
+
+class _Reject(Exception):
+    """A call that ran too long or held a value too large to learn from."""
+
+
+def run_call(code: Any, entry: str, args: list[Any]) -> str | None:
+    """repr of `entry(*args)` after exec of `code`, or None when it fails the generator's limits."""
+    namespace: dict[str, Any] = {"__name__": "__synthetic__"}
+    events = 0
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal events
+        events += 1
+        if events > MAX_FRAMES or not all(_small(v) for v in frame.f_locals.values()) \
+                or (event == "return" and not _small(arg)):
+            raise _Reject
+        return local
+
+    def global_(frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename != _FILENAME:
+            return None  # builtins and library code are not traced, as in the real tracer
+        return local(frame, event, arg)
+
+    exec(code, namespace)  # noqa: S102 - our own generated code, not a dataset's
+    previous = sys.gettrace()
+    sys.settrace(global_)
+    try:
+        result = namespace[entry](*args)
+    except Exception:  # noqa: BLE001 - _Reject, or a program/input pair that fails: draw again
+        return None
+    finally:
+        sys.settrace(previous)
+    if result is None or not _small(result):
+        return None
+    return repr(result)
+
+
+def _small(value: Any) -> bool:
+    if isinstance(value, bool) or value is None:
+        return True
+    if isinstance(value, int):
+        return abs(value) <= MAX_INT
+    if isinstance(value, str):
+        return len(value) <= MAX_STR
+    if isinstance(value, (list, tuple)):
+        return len(value) <= MAX_LEN and all(_small(v) for v in value)
+    if isinstance(value, dict):
+        return len(value) <= MAX_LEN and all(_small(k) and _small(v) for k, v in value.items())
+    return callable(value)  # a helper function bound in a frame's locals
+
+
+def _main(argv: list[str]) -> None:
+    n = int(argv[0]) if argv else 5
+    difficulty = int(argv[1]) if len(argv) > 1 else 2
+    for prog in generate_programs(SyntheticConfig(n_programs=n, calls_per_program=2, difficulty=difficulty, seed=0)):
+        print(f"# {prog.template} (level {prog.level})\n{prog.program}" +
+              "".join(f"# {c} == {r}\n" for c, r in prog.calls))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

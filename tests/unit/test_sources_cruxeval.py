@@ -1,0 +1,45 @@
+"""CRUXEval-style records: call f(<input>), expected <output>; bad inputs are skipped."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from codi.config import ExtractConfig
+from codi.sources.base import DatasetError
+from codi.sources.registry import load_samples
+
+FIX = Path(__file__).parents[1] / "fixtures" / "sources"
+CFG = ExtractConfig()
+
+
+def test_samples():
+    path = str(FIX / "cruxeval.jsonl")
+    load = load_samples("cruxeval", CFG, path)
+    got = {s.sample_id: (s.problem_id, s.call, s.expected) for s in load.samples}
+    assert got == {
+        "cruxeval/sample_0/0": ("cruxeval/sample_0", "f([1, 1, 3])", "[(2, 1), (2, 1), (1, 3)]"),
+        "cruxeval/sample_1/0": ("cruxeval/sample_1", "f('banana', 'a')", "6"),
+        "cruxeval/sample_2/0": ("cruxeval/sample_2", "f({'a': 1})", "{'a': 1, 'k': 1}"),
+        "cruxeval/sample_3/0": ("cruxeval/sample_3", "f(1)", "2"),       # program does not parse: still a sample
+        "cruxeval/sample_7/0": ("cruxeval/sample_7", "f(1)", None),      # output is no Python expression
+    }
+    assert load.unchecked == {"cruxeval/sample_7/0": "output does not parse as an expression (invalid syntax)"}
+    assert [(s.where, s.why.split(":")[0]) for s in load.skipped] == [
+        (f"{path}:5", "code"), (f"{path}:6", "input"), (f"{path}:7", "input")]
+    assert load.skipped[1].why == "input: '1), print(2' is not an argument list"  # no smuggled second call
+    for s in load.samples[:3]:
+        namespace: dict = {}
+        exec(s.program, namespace)  # noqa: S102 - our own fixture
+        assert eval(s.call, namespace) == eval(s.expected)  # noqa: S307
+
+
+def test_malformed_records():
+    path = str(FIX / "cruxeval_bad.jsonl")
+    with pytest.raises(DatasetError, match=rf"^{path}:2: missing field 'output'$"):
+        load_samples("cruxeval", CFG, path)
+    load = load_samples("cruxeval", dataclasses.replace(CFG, skip_bad_lines=True), path)
+    assert [s.sample_id for s in load.samples] == ["cruxeval/sample_1/0"]
+    assert [(s.where.rsplit(":", 1)[1], s.bad_line) for s in load.skipped] == [("2", True), ("3", True), ("4", True)]
+    assert load.skipped[1].why == "field 'input': expected a string, got int 1"
+    assert load.skipped[2].why.startswith("sample id cruxeval/sample_1/0 was already made by")

@@ -1,0 +1,158 @@
+"""The synthetic generator: deterministic, valid, small, varied."""
+
+import hashlib
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from codi.config import SyntheticConfig
+from codi.sources import synthetic
+from codi.sources.synthetic import MAX_LINES, generate, generate_programs
+from codi.sources.synthetic_templates import TEMPLATES, Draft, Template
+
+N = 300
+
+
+def _cfg(difficulty=2, n=N, calls=2, seed=0):
+    return SyntheticConfig(n_programs=n, calls_per_program=calls, difficulty=difficulty, seed=seed)
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3])
+def programs(request):
+    return request.param, generate_programs(_cfg(request.param))
+
+
+def _digest(cfg):
+    text = "\x00".join(f"{s.sample_id}\x01{s.program}\x01{s.call}\x01{s.expected}" for s in generate(cfg))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_same_seed_same_bytes_other_seed_other_programs():
+    assert _digest(_cfg(3, n=100)) == _digest(_cfg(3, n=100))
+    a, b = generate_programs(_cfg(3, n=100)), generate_programs(_cfg(3, n=100, seed=1))
+    assert len({p.program for p in a} & {p.program for p in b}) < 5
+
+
+def test_the_first_programs_do_not_depend_on_n_programs():
+    assert generate_programs(_cfg(3, n=40)) == generate_programs(_cfg(3, n=100))[:40]
+
+
+def test_determinism_across_processes_and_hash_seeds():
+    code = ("from codi.config import SyntheticConfig; from codi.sources.synthetic import generate; import hashlib;"
+            "s = generate(SyntheticConfig(n_programs=60, calls_per_program=2, difficulty=3, seed=7));"
+            "print(hashlib.sha256(repr(s).encode()).hexdigest())")
+    outs = {subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True,
+                           text=True, check=True).stdout for seed in ("1", "2")}
+    assert len(outs) == 1
+
+
+def test_samples_and_ids():
+    samples = generate(_cfg(2, n=50, calls=3))
+    assert [s.sample_id for s in samples] == [f"synthetic/{i}/{k}" for i in range(50) for k in range(3)]
+    assert all(s.problem_id == s.sample_id.rsplit("/", 1)[0] and s.source == "synthetic" for s in samples)
+    for i in range(50):  # fresh inputs for every call of a program
+        assert len({s.call for s in samples[3 * i:3 * i + 3]}) == 3
+
+
+def test_every_program_compiles_and_runs_plainly(programs):
+    difficulty, progs = programs
+    start = time.perf_counter()
+    for p in progs:
+        namespace: dict = {}
+        exec(compile(p.program, "<test>", "exec"), namespace)  # noqa: S102 - our own generated code
+        for call, expected in p.calls:
+            assert repr(eval(call, namespace)) == expected, (p.program, call)  # noqa: S307
+    assert time.perf_counter() - start < 2.0  # 600 calls: each well under a few milliseconds
+
+
+def _frames(program, call):
+    """call + line + return events of the program's own frames, as the tracer records them."""
+    namespace: dict = {}
+    exec(compile(program, "<count>", "exec"), namespace)  # noqa: S102
+    n = 0
+
+    def local(frame, event, arg):
+        nonlocal n
+        n += 1
+        return local
+
+    sys.settrace(lambda frame, event, arg: local(frame, event, arg) if frame.f_code.co_filename == "<count>" else None)
+    try:
+        eval(call, namespace)  # noqa: S307
+    finally:
+        sys.settrace(None)
+    return n
+
+
+def test_shape_statistics(programs):
+    difficulty, progs = programs
+    lines = [p.n_lines for p in progs]
+    assert len({p.program for p in progs}) == N
+    assert all(3 <= n <= MAX_LINES for n in lines) and 4 <= statistics.mean(lines) <= 9
+    frames = [_frames(p.program, c) for p in progs for c, _ in p.calls]
+    assert max(frames) <= 50 and sum(f <= 40 for f in frames) / len(frames) >= 0.95
+    levels = {t.name for t in TEMPLATES if t.level <= difficulty}
+    counts = Counter(p.template for p in progs)
+    assert set(counts) == levels  # every template of the difficulty is used
+    assert max(counts.values()) < 3 * N / len(levels)  # and none dominates
+    assert all(p.level <= difficulty for p in progs)
+
+
+def test_difficulty_features():
+    easy = generate_programs(_cfg(1))
+    assert not any(re.search(r"\b(for|while)\b", p.program) for p in easy)
+    assert all(p.program.count("def ") == 1 for p in easy)
+    assert sum(" if " in p.program or "if " in p.program for p in easy) > N / 2
+    mid = " ".join(p.program for p in generate_programs(_cfg(2)))
+    for feature in ("for ", "while ", ".append(", "[::", "sum(", "len(", ".upper()", ".get(", "[-1]", '""'):
+        assert feature in mid, feature
+    hard = generate_programs(_cfg(3))
+    recursive = [p for p in hard if any(p.program.count(f"{name}(") >= 2 for name in _defs(p.program))]
+    nested = [p for p in hard if re.search(r"\n {8}for ", p.program)]
+    assert len(recursive) > N / 20 and len(nested) > N / 20
+
+
+def _defs(program):
+    return re.findall(r"^def (\w+)\(", program, re.M)
+
+
+def test_variety_beyond_the_templates():
+    progs = generate_programs(_cfg(3, n=1000))
+    # the skeleton of a program: its text with names and numbers abstracted away
+    skeletons = {re.sub(r"\b[a-z_]\w*\b", "N", re.sub(r"\d+", "0", p.program)) for p in progs}
+    assert len(skeletons) > 300
+    assert len({p.entry for p in progs}) >= 15
+    assert Counter(p.entry for p in progs)["f"] < 300  # most programs are not named f
+    results = [r for p in progs for _, r in p.calls]
+    kinds = Counter(type(eval(r)).__name__ for r in results)  # noqa: S307 - reprs of small values
+    assert {"int", "str", "list", "dict"} <= set(kinds) and kinds["int"] < 0.8 * len(results)
+
+
+def _only(monkeypatch, lines, draw):
+    template = Template("tiny", 1, lambda rng: Draft(lines, "f", [draw]))
+    monkeypatch.setattr(synthetic, "TEMPLATES", (template,))
+
+
+def test_a_template_with_too_few_inputs_is_a_clear_error(monkeypatch):
+    _only(monkeypatch, ["def f(x):", "    y = x + 1", "    return y"], lambda rng: rng.randint(0, 2))
+    assert len(generate(_cfg(1, n=1, calls=3))) == 3
+    with pytest.raises(RuntimeError, match="calls_per_program = 4 may exceed the input variety"):
+        generate(_cfg(1, n=1, calls=4))
+
+
+def test_programs_that_fail_grow_or_never_vary_are_refused(monkeypatch):
+    bodies = {
+        "raises": ["def f(x):", "    y = [x]", "    return y[3]"],
+        "constant": ["def f(x):", "    y = x * 0", "    return y"],
+        "too long": ["def f(x):", "    while x < 10 ** 6:", "        x = x + 1", "    return x"],
+        "too big": ["def f(x):", "    y = x + 5000", "    return y - 5000"],
+    }
+    for why, lines in bodies.items():
+        _only(monkeypatch, lines, lambda rng: rng.randint(0, 20))
+        with pytest.raises(RuntimeError, match="no valid program"):
+            generate(_cfg(1, n=1))
