@@ -1,0 +1,138 @@
+"""The latent-block primitives shared by training and decoding, and the padded batch state they run on.
+
+Training (`CodiModel`) and the latent decoder must compute the same recurrence, so both call these:
+
+    rows = PaddedRows(body, batch_size=B, device=dev)   # body = base.model (the decoder stack, no lm_head)
+    last = rows.step(embeds, real)                      # append a block: embeds [B, n, H], real [B, n] bool
+    h = latent_block(rows, projector, embed, ids, active)   # <|latent_start|>, latents, <|latent_end|>
+    logits = base.lm_head(h)                            # predicts the token after <|latent_end|>
+
+`latent_block` is what a decoder calls when a row has just emitted `<|line_sep|>`: it appends the
+latent_start embedding, then `steps` recurrent latents (each = projector(last hidden of the previous
+position, post-final-norm, i.e. `last_hidden_state`)), then the latent_end embedding, and returns the
+post-norm hidden of latent_end. Training fuses the same calls differently (latent_start rides on the
+text block before it, latent_end on the one after: fewer model calls) but runs `latent_recurrence`
+for the latents themselves, and the test suite proves the fused and unfused forms equal.
+
+PaddedRows keeps a KV cache whose slots are shared by all rows: each `step` appends `n` slots to every
+row, some of them padding. A 2-D attention mask over past+new slots hides the padding and explicit
+position_ids give every real token its position within its own row, so a padded row computes exactly
+what it would alone (transformers 5: mid-sequence padding matches per-row decoding only with
+position_ids). Padding queries always see at least the row's first real slot, so no attention row is
+fully masked (sdpa would return NaN there, and 0 * NaN poisons gradients even of unused outputs).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+
+def build_projector(hidden_size: int, *, dtype: torch.dtype, device: torch.device | str) -> nn.Sequential:
+    """The CODI thought projector: Linear(h,h,no bias) -> GELU -> Linear(h,h,no bias) -> LayerNorm(h)."""
+    prj = nn.Sequential(
+        nn.Linear(hidden_size, hidden_size, bias=False), nn.GELU(),
+        nn.Linear(hidden_size, hidden_size, bias=False), nn.LayerNorm(hidden_size),
+    )
+    return prj.to(device=device, dtype=dtype)
+
+
+def detached_cache(cache: DynamicCache | None) -> DynamicCache | None:
+    """A new cache holding detached views of `cache`'s keys/values (no copy; the original is untouched)."""
+    if cache is None:
+        return None
+    out = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        out.update(layer.keys.detach(), layer.values.detach(), i)
+    return out
+
+
+class PaddedRows:
+    """Batched incremental state over a decoder body: shared KV slots, a padding mask, per-row positions.
+
+    `body` is the decoder stack (`base.model` for Qwen2/Llama): called with inputs_embeds, it returns
+    `last_hidden_state` (post final norm) and the grown cache."""
+
+    def __init__(self, body: nn.Module, batch_size: int, device: torch.device | str):
+        self.body = body
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [B, S] True = real
+        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # [B]
+
+    @property
+    def length(self) -> int:
+        """Slots in the cache (padding included)."""
+        return self.mask.shape[1]
+
+    def _inputs(self, embeds: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if embeds.dim() != 3 or embeds.shape[0] != self.batch_size or real.shape != embeds.shape[:2]:
+            raise ValueError(f"PaddedRows.step: embeds {tuple(embeds.shape)} and real {tuple(real.shape)} "
+                             f"must be [B={self.batch_size}, n, H] and [B, n]")
+        real = real.to(device=self.device, dtype=torch.bool)
+        if self.length == 0 and not bool(real[:, 0].all()):
+            # A row whose first slot is padding would have a fully masked attention row (NaN).
+            raise ValueError("PaddedRows.step: the first block must start with a real token in every row")
+        mask = torch.cat([self.mask, real], dim=1)  # [B, S + n]
+        # Position of a real token = real tokens before it in its row; padding gets the next one (unused).
+        pos = self.next_pos[:, None] + real.long().cumsum(1) - real.long()  # [B, n]
+        return mask, pos
+
+    def step(self, embeds: torch.Tensor, real: torch.Tensor,
+             hidden_layers: Sequence[int] | None = None) -> tuple[torch.Tensor, tuple | None]:
+        """Append a block. Returns (last_hidden_state [B, n, H], hidden_states tuple or None).
+
+        `hidden_layers` (non-negative indices into HF `hidden_states`) asks for those layers only; the
+        other entries of the returned tuple are None."""
+        mask, pos = self._inputs(embeds, real)
+        out = self.body(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, cache=self.cache,
+                        use_cache=True, output_hidden_states=list(hidden_layers) if hidden_layers else None)
+        self.cache, self.mask = out.cache, mask
+        self.next_pos = self.next_pos + real.to(self.device).long().sum(1)
+        return out.last_hidden_state, (out.hidden_states if hidden_layers else None)
+
+    @torch.no_grad()
+    def peek(self, embeds: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """last_hidden_state [B, n, H] of a block run on a detached copy of the cache, without grad and
+        without changing this state (scheduled sampling's look-ahead)."""
+        mask, pos = self._inputs(embeds, real)
+        out = self.body(inputs_embeds=embeds.detach(), attention_mask=mask, position_ids=pos,
+                        cache=detached_cache(self.cache), use_cache=True)
+        return out.last_hidden_state
+
+
+def latent_recurrence(rows: PaddedRows, projector: nn.Module, h: torch.Tensor, steps: int,
+                      active: torch.Tensor) -> torch.Tensor:
+    """Run `steps` recurrent latents: each step feeds projector(h) and takes the new post-norm hidden.
+
+    h: [B, H], the last hidden of the position before the first latent (latent_start's). active: [B]
+    bool; inactive rows get a padding slot (zero input, masked) and keep their h. Returns h [B, H]."""
+    active = active.to(device=rows.device, dtype=torch.bool)
+    for _ in range(steps):
+        x = torch.where(active[:, None], projector(h), torch.zeros((), dtype=h.dtype, device=h.device))
+        last, _ = rows.step(x[:, None], active[:, None])
+        h = torch.where(active[:, None], last[:, 0], h)
+    return h
+
+
+def latent_block(rows: PaddedRows, projector: nn.Module, embed: nn.Module, latent_start: int, latent_end: int,
+                 steps: int, active: torch.Tensor, pad: int) -> torch.Tensor:
+    """A whole latent block on `rows`: latent_start, `steps` latents, latent_end (decoder form).
+
+    Returns the post-norm hidden [B, H] at latent_end (apply lm_head for the next-token logits).
+    Inactive rows get padding slots; their returned hidden is meaningless."""
+    active = active.to(device=rows.device, dtype=torch.bool)
+    B = rows.batch_size
+
+    def token_block(tok: int) -> torch.Tensor:
+        ids = torch.where(active, torch.tensor(tok, device=rows.device), torch.tensor(pad, device=rows.device))
+        last, _ = rows.step(embed(ids.view(B, 1)), active[:, None])
+        return last[:, 0]
+
+    h = token_block(latent_start)
+    latent_recurrence(rows, projector, h, steps, active)
+    return token_block(latent_end)

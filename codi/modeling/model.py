@@ -1,0 +1,349 @@
+"""CodiModel: the reference stage-2b design (seed/train_codi.py's CodiModel), batched in lockstep.
+
+    model = CodiModel.from_config(base, token_ids(tok), params.codi, params.alpha, params.beta, params.gamma,
+                                  frozen_teacher=None)
+    out = model(examples, ss_prob=ss_ramp(step, max_steps, cfg.ss_prob, cfg.ss_ramp_frac), ss_rng=rng)
+    out["loss"].backward()        # out also holds teacher_loss, student_loss, kd_loss (detached)
+
+Per batch: one teacher forward over padded prompt+trace (activation-checkpointed, KD targets taken
+from the same pass, detached), then the student in rounds (frame k of every example together): one
+model call per text round [latent_end + text + latent_start] and one per latent step, so the number of
+model calls is 2 + max_frames * (latent_steps + 1) (+1 per round with scheduled sampling), independent
+of the batch size. Semantics and their proof: tests/unit/test_modeling_equivalence.py against the
+per-example oracle tests/codi_oracle.py.
+
+Deliberate differences from the reference, none of which changes an fp32 result:
+- kd_target="logit" with the shared-weight teacher: the reference would crash (it compares student
+  logits with teacher hidden states); here the target is lm_head(teacher last hidden), detached.
+- Losses are computed in float32 (the reference: in the model dtype).
+- The teacher's KD targets come from its CE pass (the reference runs a second, no-grad pass).
+- latent_steps = 0 freezes the projector (it is unused, and DDP with find_unused_parameters=False
+  would fail on a trainable parameter that gets no gradient).
+- Activation checkpointing of the base is managed here: on for the teacher's CE pass, off for the
+  student (it needs its KV cache), whatever the base's own setting.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from codi.config import CodiConfig
+from codi.modeling.latent import PaddedRows, build_projector, latent_recurrence
+from codi.modeling.losses import (kd_hidden_per_example, kd_logit_per_example, per_example_mean, token_ce)
+from codi.modeling.plan import ExamplePlan, draw_uniform, plan_example
+from codi.tokens import TraceTokenIds
+
+KD_TARGETS = ("hidden", "logit")
+
+
+def split_causal_lm(model: nn.Module, what: str) -> tuple[nn.Module, nn.Module, int]:
+    """(decoder body, lm_head, number of hidden states) of a HF causal LM; ValueError naming `what`."""
+    prefix = getattr(model, "base_model_prefix", None)
+    body = getattr(model, prefix, None) if prefix else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if body is None or head is None or not hasattr(model, "config"):
+        raise ValueError(f"{what}: expected a Hugging Face causal LM (body + lm_head), got {type(model).__name__}")
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(cfg, "final_logit_softcapping", None):
+        raise ValueError(f"{what}: models with final_logit_softcapping are not supported (logits = lm_head(hidden) here)")
+    return body, head, int(cfg.num_hidden_layers) + 1
+
+
+def _resolve_layers(layers: Sequence[int], n_states: int) -> tuple[int, ...]:
+    return tuple(layer % n_states for layer in layers)
+
+
+@contextmanager
+def activation_checkpointing(module: nn.Module, enabled: bool) -> Iterator[None]:
+    """Temporarily set HF activation checkpointing (non-reentrant) on or off for `module`'s layers.
+
+    Sets the flags HF's GradientCheckpointingLayer reads, without `activation_checkpointing_enable`'s
+    side effects (input-grad hooks registered on every call)."""
+    saved = []
+    for m in module.modules():
+        if hasattr(m, "gradient_checkpointing"):
+            saved.append((m, m.gradient_checkpointing, m.__dict__.get("_gradient_checkpointing_func")))
+            m.gradient_checkpointing = enabled
+            if enabled:
+                m._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+    try:
+        yield
+    finally:
+        for m, flag, func in saved:
+            m.gradient_checkpointing = flag
+            if func is not None:
+                m._gradient_checkpointing_func = func
+
+
+class CodiModel(nn.Module):
+    """Shared-weight (or frozen) teacher + latent student over one base causal LM. See the module doc."""
+
+    def __init__(self, base: nn.Module, token_ids: TraceTokenIds, *, latent_steps: int,
+                 teacher_ce_weight: float, student_ce_weight: float, kd_weight: float,
+                 kd_layers: Sequence[int] | None = None, single_anchor: bool = False,
+                 frozen_teacher: nn.Module | None = None, kd_target: str = "hidden", kd_temp: float = 2.0):
+        super().__init__()
+        body, head, n_states = split_causal_lm(base, "base")
+        if not isinstance(token_ids, TraceTokenIds):
+            raise ValueError(f"token_ids: expected a TraceTokenIds, got {type(token_ids).__name__}")
+        if isinstance(latent_steps, bool) or not isinstance(latent_steps, int) or latent_steps < 0:
+            raise ValueError(f"codi.latent_steps = {latent_steps!r}: expected an integer >= 0")
+        for name, key, v in (("teacher_ce_weight", "alpha", teacher_ce_weight),
+                             ("student_ce_weight", "beta", student_ce_weight), ("kd_weight", "gamma", kd_weight)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{key} ({name}) = {v!r}: expected a finite number >= 0")
+        if kd_target not in KD_TARGETS:
+            raise ValueError(f"codi.kd_target = {kd_target!r}: expected one of {', '.join(KD_TARGETS)}")
+        if isinstance(kd_temp, bool) or not isinstance(kd_temp, (int, float)) or not kd_temp > 0 or not math.isfinite(kd_temp):
+            raise ValueError(f"codi.kd_temp = {kd_temp!r}: expected a finite number > 0")
+        if not isinstance(single_anchor, bool):
+            raise ValueError(f"codi.single_anchor = {single_anchor!r}: expected true or false")
+        vocab = base.get_input_embeddings().weight.shape[0]
+        for name, tid in token_ids.as_dict().items():
+            if not 0 <= tid < vocab:
+                raise ValueError(f"token_ids.{name} = {tid}: outside the base's embedding table ({vocab} rows); "
+                                 "resize the embeddings after add_trace_tokens")
+
+        t_states = n_states
+        if frozen_teacher is not None:
+            _, t_head, t_states = split_causal_lm(frozen_teacher, "codi.frozen_teacher")
+            if kd_target == "hidden" and frozen_teacher.config.get_text_config().hidden_size != base.config.get_text_config().hidden_size:
+                raise ValueError("codi.frozen_teacher: hidden KD needs the teacher's hidden_size to equal the base's")
+            if kd_target == "logit" and t_head.weight.shape[0] != head.weight.shape[0]:
+                raise ValueError("codi.frozen_teacher: logit KD needs the teacher's vocabulary size to equal the base's")
+        if kd_layers is not None:
+            kd_layers = list(kd_layers)
+            if not kd_layers or any(isinstance(x, bool) or not isinstance(x, int) for x in kd_layers):
+                raise ValueError(f"codi.kd_layers = {kd_layers!r}: expected a non-empty list of integers or null")
+            for x in kd_layers:
+                for states, who in ((n_states, "the base"), (t_states, "the frozen teacher")):
+                    if not -states <= x < states:
+                        raise ValueError(f"codi.kd_layers = {kd_layers!r}: {x} is out of range for {who}'s "
+                                         f"{states} hidden states (0 = embeddings, -1 = last)")
+            if kd_target == "logit" and (_resolve_layers(kd_layers, n_states) != (n_states - 1,)
+                                         or _resolve_layers(kd_layers, t_states) != (t_states - 1,)):
+                raise ValueError(f"codi.kd_layers = {kd_layers!r}: logit KD is defined on the last layer only "
+                                 "(use null or [-1])")
+        if kd_layers is None:  # reference defaults: all layers; frozen teacher or logit KD: the last
+            eff = [-1] if (kd_target == "logit" or frozen_teacher is not None) else list(range(1, n_states))
+        else:
+            eff = kd_layers
+
+        self.model = base
+        h = base.config.get_text_config().hidden_size
+        ref = base.get_input_embeddings().weight
+        self.projector = build_projector(h, dtype=ref.dtype, device=ref.device)
+        if latent_steps == 0:
+            self.projector.requires_grad_(False)
+        self.token_ids = token_ids
+        self.latent_steps = latent_steps
+        self.teacher_ce_weight, self.student_ce_weight, self.kd_weight = (
+            float(teacher_ce_weight), float(student_ce_weight), float(kd_weight))
+        self.kd_layers_arg = None if kd_layers is None else list(kd_layers)
+        self.kd_target, self.kd_temp, self.single_anchor = kd_target, float(kd_temp), single_anchor
+        self.n_states = n_states
+        self.student_layers = _resolve_layers(eff, n_states)   # indices into the base's hidden_states
+        self.teacher_layers = _resolve_layers(eff, t_states)   # indices into the teacher's hidden_states
+        # A list keeps the frozen teacher out of state_dict, parameters() (optimizer) and DDP.
+        self._frozen: list[nn.Module] = []
+        if frozen_teacher is not None:
+            frozen_teacher.eval().requires_grad_(False)
+            self._frozen.append(frozen_teacher)
+
+    # ------------------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, base: nn.Module, token_ids: TraceTokenIds, cfg: CodiConfig, alpha: float, beta: float,
+                    gamma: float, frozen_teacher: nn.Module | None = None) -> "CodiModel":
+        """Build from the `codi` params section and the top-level loss weights alpha, beta, gamma."""
+        if bool(cfg.frozen_teacher) != (frozen_teacher is not None):
+            raise ValueError(f"codi.frozen_teacher = {cfg.frozen_teacher!r}: pass the loaded teacher model exactly "
+                             "when this path is set" if cfg.frozen_teacher else
+                             "codi.frozen_teacher = '': a frozen teacher model was passed but the config names none")
+        return cls(base, token_ids, latent_steps=cfg.latent_steps, teacher_ce_weight=alpha, student_ce_weight=beta,
+                   kd_weight=gamma, kd_layers=cfg.kd_layers, single_anchor=cfg.single_anchor,
+                   frozen_teacher=frozen_teacher, kd_target=cfg.kd_target, kd_temp=cfg.kd_temp)
+
+    @property
+    def frozen_teacher(self) -> nn.Module | None:
+        return self._frozen[0] if self._frozen else None
+
+    @property
+    def body(self) -> nn.Module:
+        return getattr(self.model, self.model.base_model_prefix)
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    # ----------------------------------------------------------------------------------- forward
+    def forward(self, examples: Sequence[dict[str, Any]], ss_prob: float = 0.0,
+                ss_rng: random.Random | torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        if not examples:
+            raise ValueError("examples: expected a non-empty batch")
+        if isinstance(ss_prob, bool) or not isinstance(ss_prob, (int, float)) or not 0.0 <= ss_prob <= 1.0:
+            raise ValueError(f"ss_prob = {ss_prob!r}: expected a probability in [0, 1]")
+        if ss_prob > 0 and ss_rng is None:
+            raise ValueError("ss_rng: scheduled sampling (ss_prob > 0) needs an explicit random.Random or torch.Generator")
+        plans = [plan_example(ex, e, self.token_ids) for e, ex in enumerate(examples)]
+        # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
+        flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
+        n, dev = len(plans), self.device
+        t_ce, t_kd = self._teacher(plans)
+        s_ce, s_kd = self._student(plans, flags)
+
+        counts = [p.n_spans for p in plans]
+        if self.single_anchor:  # keep each example's last anchor only
+            ends = torch.tensor(counts, device=dev).cumsum(0) - 1
+            t_kd, s_kd, anchor_ex = t_kd[ends], s_kd[ends], torch.arange(n, device=dev)
+        else:
+            anchor_ex = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(counts, device=dev))
+        if self.kd_target == "logit":  # s_kd: student last hidden [A, 1, H]; t_kd: teacher logits [A, 1, V]
+            kd = kd_logit_per_example(self.head(s_kd[:, 0]), t_kd[:, 0], self.kd_temp, anchor_ex, n)
+        else:
+            kd = kd_hidden_per_example(s_kd, t_kd, anchor_ex, n)
+
+        zero = torch.zeros((), device=dev)
+        t_loss = t_ce.mean() if t_ce is not None else zero
+        s_loss, kd_loss = s_ce.mean(), kd.mean()
+        loss = self.teacher_ce_weight * t_loss + self.student_ce_weight * s_loss + self.kd_weight * kd_loss
+        return {"loss": loss, "teacher_loss": t_loss.detach(), "student_loss": s_loss.detach(),
+                "kd_loss": kd_loss.detach()}
+
+    # ----------------------------------------------------------------------------------- teacher
+    def _teacher(self, plans: list[ExamplePlan]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(per-example CE [n] or None under a frozen teacher, KD targets [A, L, H] or logits [A, 1, V])."""
+        dev, n = self.device, len(plans)
+        full = [p.prompt + p.trace for p in plans]
+        width = max(map(len, full))
+        ids = torch.full((n, width), self.token_ids.pad, dtype=torch.long)
+        for e, f in enumerate(full):
+            ids[e, :len(f)] = torch.tensor(f)
+        lens = torch.tensor([len(f) for f in full])
+        mask = (torch.arange(width)[None] < lens[:, None]).to(dev)  # [n, T] right padding
+        pos = torch.arange(width, device=dev).expand(n, width)
+        ids = ids.to(dev)
+        anchors = torch.tensor([e * width + a for e, p in enumerate(plans) for a in p.teacher_anchors], device=dev)
+
+        teacher = self.frozen_teacher
+        if teacher is not None:
+            if next(teacher.parameters()).device != dev:
+                teacher.to(dev)
+            t_body, t_head, t_states = split_causal_lm(teacher, "codi.frozen_teacher")
+            with torch.no_grad():
+                out = t_body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                             output_hidden_states=self._requested(self.teacher_layers, t_states))
+                if self.kd_target == "logit":
+                    return None, t_head(out.last_hidden_state.flatten(0, 1)[anchors])[:, None]
+                return None, self._gather_layers(out, self.teacher_layers, t_states, anchors)
+
+        with activation_checkpointing(self.model, True):
+            out = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                            output_hidden_states=self._requested(self.teacher_layers, self.n_states))
+        flat = out.last_hidden_state.flatten(0, 1)  # [n*T, H]
+        # Position q predicts token q+1; trained on the trace: q from len(prompt)-1 to len(full)-2.
+        rows = [(e, q) for e, p in enumerate(plans) for q in range(len(p.prompt) - 1, len(p.prompt) + len(p.trace) - 1)]
+        idx = torch.tensor([e * width + q for e, q in rows], device=dev)
+        tgt = ids.flatten()[idx + 1]
+        ex = torch.tensor([e for e, _ in rows], device=dev)
+        ce = per_example_mean(token_ce(flat[idx], self.head, tgt), ex, n)
+        if self.kd_target == "logit":  # extension: shared teacher's own logits, detached
+            return ce, self.head(flat[anchors]).detach()[:, None]
+        return ce, self._gather_layers(out, self.teacher_layers, self.n_states, anchors).detach()
+
+    @staticmethod
+    def _requested(layers: Sequence[int], n_states: int) -> list[int] | None:
+        """hidden_states indices to ask HF for (the last one is last_hidden_state, always returned)."""
+        want = sorted({x for x in layers if x != n_states - 1})
+        return want or None
+
+    @staticmethod
+    def _gather_layers(out: Any, layers: Sequence[int], n_states: int, flat_idx: torch.Tensor) -> torch.Tensor:
+        """Rows flat_idx of the given hidden-state layers -> [A, len(layers), H]."""
+        picked = [(out.last_hidden_state if x == n_states - 1 else out.hidden_states[x]).flatten(0, 1)[flat_idx]
+                  for x in layers]
+        return torch.stack(picked, dim=1)
+
+    # ----------------------------------------------------------------------------------- student
+    def _student(self, plans: list[ExamplePlan], flags: list[list[bool]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(per-example CE [n], student KD hiddens [A, L, H] in (example, span) order)."""
+        dev, n = self.device, len(plans)
+        pad = self.token_ids.pad
+        n_rounds = max(p.n_spans for p in plans) + 1
+        offsets = [0]
+        for p in plans:
+            offsets.append(offsets[-1] + p.n_spans)
+        rows = PaddedRows(self.body, n, dev)
+        ce_hidden, ce_tgt, ce_ex = [], [], []
+        kd_parts, kd_order = [], []
+        h = None  # [n, H] last hidden at latent_start, input of the next latent step
+        req = self._requested(self.student_layers, self.n_states)
+        with activation_checkpointing(self.model, False):
+            for k in range(n_rounds):
+                active = [e for e, p in enumerate(plans) if k < len(p.rounds)]
+                if k > 0:
+                    act = torch.zeros(n, dtype=torch.bool)
+                    act[active] = True
+                    h = latent_recurrence(rows, self.projector, h, self.latent_steps, act.to(dev))
+                width = max(len(plans[e].rounds[k].tokens) for e in active)
+                ids = torch.full((n, width), pad, dtype=torch.long)
+                real = torch.zeros(n, width, dtype=torch.bool)
+                last_slot = torch.zeros(n, dtype=torch.long)
+                replace = torch.zeros(n, width, dtype=torch.bool)
+                for e in active:
+                    r = plans[e].rounds[k]
+                    ids[e, :len(r.tokens)] = torch.tensor(r.tokens)
+                    real[e, :len(r.tokens)] = True
+                    last_slot[e] = len(r.tokens) - 1
+                    a, b = r.ss_slots
+                    if k > 0 and flags[e][k - 1] and b > a:
+                        replace[e, a:b] = True
+                    ce_tgt.extend(t for _, t in r.targets)
+                    ce_ex.extend([e] * len(r.targets))
+                ids, real = ids.to(dev), real.to(dev)
+                if bool(replace.any()):
+                    # Scheduled sampling: the student's own argmax on the ground truth (no grad, detached
+                    # cache); slot t takes the prediction made at slot t-1. CE targets stay ground truth.
+                    pred = self.head(rows.peek(self.embed(ids), real)).argmax(-1)  # [n, W]
+                    shifted = torch.cat([ids[:, :1], pred[:, :-1]], dim=1)
+                    ids = torch.where(replace.to(dev), shifted, ids)
+                last, hs = rows.step(self.embed(ids), real, hidden_layers=req if k > 0 else None)
+                flat_idx = torch.tensor([e * width + s for e in active for s, _ in plans[e].rounds[k].targets],
+                                        device=dev)
+                ce_hidden.append(last.flatten(0, 1)[flat_idx])
+                if k > 0:
+                    anchor_idx = torch.tensor([e * width + 1 for e in active], device=dev)
+                    out = _Out(last, hs)
+                    kd_parts.append(self._gather_layers(out, self.student_layers, self.n_states, anchor_idx))
+                    kd_order.extend(offsets[e] + k - 1 for e in active)
+                if k + 1 < n_rounds:
+                    h = last[torch.arange(n, device=dev), last_slot.to(dev)]
+        ce = token_ce(torch.cat(ce_hidden), self.head, torch.tensor(ce_tgt, device=dev))
+        s_ce = per_example_mean(ce, torch.tensor(ce_ex, device=dev), n)
+        # Rounds collect anchors (round, example)-major; reorder to the teacher's (example, span) order.
+        inv = [0] * len(kd_order)
+        for at, g in enumerate(kd_order):
+            inv[g] = at
+        s_kd = torch.cat(kd_parts)[torch.tensor(inv, device=dev)]
+        return s_ce, s_kd
+
+
+class _Out:
+    """The two fields `_gather_layers` reads from a model output."""
+
+    def __init__(self, last_hidden_state: torch.Tensor, hidden_states: tuple | None):
+        self.last_hidden_state, self.hidden_states = last_hidden_state, hidden_states

@@ -1,0 +1,145 @@
+"""Pure-Python planning of one codi example: validation, the student's rounds, the scheduled-sampling ramp.
+
+    plan = plan_example(example, index, token_ids)   # ExamplePlan; ValueError names examples[index]
+    plan.rounds[k].tokens, .targets, .anchor, .ss_slots
+    p = ss_ramp(step, max_steps, ss_prob, ss_ramp_frac)
+    u = draw_uniform(rng)                            # random.Random or torch.Generator
+
+The student of an example with n LINE spans (i_1, j_1) .. (i_n, j_n) over trace T and prompt P runs
+n + 1 token rounds with latent steps between them (LS/LE = latent_start/latent_end tokens):
+
+    round 0:  P + T[:i_1+1] + [LS]           then `latent_steps` latents
+    round k:  [LE] + T[j_k:i_{k+1}+1] + [LS]  then latents        (1 <= k < n)
+    round n:  [LE] + T[j_n:]
+
+Every slot's next-token logit is trained on the next trace token except the one at `<|line_sep|>`
+(it would predict the dropped locals) and the last of the trace; LE's logit predicts T[j_k]. The KD
+anchor of round k >= 1 is slot 1 (T[j_k], the `<|action_sep|>`). This equals the reference's
+segment loop (a text segment, then latent_start / latents / latent_end) with latent_start fused onto
+the text before it and latent_end onto the text after it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from codi.tokens import TraceTokenIds
+
+
+@dataclass(frozen=True)
+class Round:
+    """One student round of one example (slots index `tokens`)."""
+
+    tokens: tuple[int, ...]
+    targets: tuple[tuple[int, int], ...]  # (slot, target id): the slot's logit is trained on the id
+    anchor: int | None                    # KD slot (the `<|action_sep|>`), None in round 0
+    ends_in_latent: bool                  # last slot is latent_start: latents follow
+    ss_slots: tuple[int, int] = (0, 0)    # scheduled sampling replaces slots [a, b) by argmax at slot - 1
+
+
+@dataclass(frozen=True)
+class ExamplePlan:
+    prompt: tuple[int, ...]
+    trace: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    rounds: tuple[Round, ...]
+
+    @property
+    def n_spans(self) -> int:
+        return len(self.spans)
+
+    @property
+    def teacher_anchors(self) -> tuple[int, ...]:
+        """Positions in prompt+trace of each frame's `<|action_sep|>` (the teacher's KD targets)."""
+        return tuple(len(self.prompt) + j for _, j in self.spans)
+
+
+def _int_list(ex: Mapping[str, Any], key: str, where: str) -> tuple[int, ...]:
+    if key not in ex:
+        raise ValueError(f"{where}: missing key {key!r}")
+    v = ex[key]
+    if isinstance(v, torch.Tensor):
+        v = v.tolist()
+    try:
+        out = tuple(int(x) for x in v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}.{key}: expected a list of token ids") from None
+    if not out:
+        raise ValueError(f"{where}.{key}: expected a non-empty list of token ids")
+    return out
+
+
+def check_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """Validate the codi contract (DESIGN.md section 1 "Spans"); returns (prompt, trace, spans)."""
+    where = f"examples[{index}]"
+    if not isinstance(ex, Mapping):
+        raise ValueError(f"{where}: expected a dict with prompt_ids, trace_ids, spans; got {type(ex).__name__}")
+    prompt, trace = _int_list(ex, "prompt_ids", where), _int_list(ex, "trace_ids", where)
+    raw = ex.get("spans")
+    if raw is None or len(raw) == 0:
+        raise ValueError(f"{where}.spans: expected at least one (i, j) LINE span")
+    spans: list[tuple[int, int]] = []
+    prev_j = -1
+    for s, span in enumerate(raw):
+        w = f"{where}.spans[{s}]"
+        try:
+            i, j = (int(x) for x in span)
+        except (TypeError, ValueError):
+            raise ValueError(f"{w} = {span!r}: expected a pair (i, j)") from None
+        if not 0 <= i < j < len(trace):
+            raise ValueError(f"{w} = ({i}, {j}): expected 0 <= i < j < len(trace_ids) = {len(trace)}")
+        if i <= prev_j:
+            raise ValueError(f"{w} = ({i}, {j}): spans must be sorted and non-overlapping (previous j = {prev_j})")
+        if trace[i] != ids.line_sep:
+            raise ValueError(f"{w} = ({i}, {j}): trace_ids[{i}] = {trace[i]}, expected <|line_sep|> ({ids.line_sep})")
+        if trace[j] != ids.action_sep:
+            raise ValueError(f"{w} = ({i}, {j}): trace_ids[{j}] = {trace[j]}, expected <|action_sep|> ({ids.action_sep})")
+        spans.append((i, j))
+        prev_j = j
+    return prompt, trace, tuple(spans)
+
+
+def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds) -> ExamplePlan:
+    """Check an example and lay out its student rounds (see the module docstring)."""
+    prompt, trace, spans = check_example(ex, index, ids)
+    ls, le = ids.latent_start, ids.latent_end
+    n = len(spans)
+    rounds = []
+    # Round 0: the prompt's last logit predicts trace[0]; trace[t] predicts trace[t+1] up to i_1 - 1.
+    i1 = spans[0][0]
+    toks = prompt + trace[:i1 + 1] + (ls,)
+    p = len(prompt)
+    rounds.append(Round(tokens=toks, targets=tuple((p - 1 + t, trace[t]) for t in range(i1 + 1)),
+                        anchor=None, ends_in_latent=True))
+    for k in range(1, n + 1):
+        j = spans[k - 1][1]
+        last = k == n
+        seg = trace[j:] if last else trace[j:spans[k][0] + 1]
+        toks = (le,) + seg + (() if last else (ls,))
+        # Slot q predicts seg[q] (slot 0 = LE); the seg's last token predicts nothing trained.
+        targets = tuple((q, seg[q]) for q in range(len(seg)))
+        # Scheduled sampling keeps seg[0] (action_sep) and, unless last, seg[-1] (next line_sep):
+        # seg[q] for q in [1, end) <- argmax at seg position q-1, i.e. slot q+1 <- slot q.
+        end = len(seg) if last else len(seg) - 1
+        rounds.append(Round(tokens=toks, targets=targets, anchor=1, ends_in_latent=not last,
+                            ss_slots=(2, 1 + end) if end > 1 else (0, 0)))
+    return ExamplePlan(prompt=prompt, trace=trace, spans=spans, rounds=tuple(rounds))
+
+
+def ss_ramp(step: int, max_steps: int, ss_prob: float, ss_ramp_frac: float) -> float:
+    """Scheduled-sampling probability at optimizer step `step`: a linear ramp from 0 to `ss_prob` over
+    the first `ss_ramp_frac` of `max_steps`, then flat. Pure: the model keeps no schedule state."""
+    return ss_prob * min(1.0, step / max(1.0, ss_ramp_frac * max_steps))
+
+
+def draw_uniform(rng: random.Random | torch.Generator) -> float:
+    """One uniform draw in [0, 1) from an explicit generator (random.Random or torch.Generator)."""
+    if isinstance(rng, random.Random):
+        return rng.random()
+    if isinstance(rng, torch.Generator):
+        return float(torch.rand((), generator=rng, device=rng.device))
+    raise ValueError(f"ss_rng: expected a random.Random or torch.Generator, got {type(rng).__name__}")

@@ -1,0 +1,196 @@
+"""The per-example oracle of the codi model, and tiny fixtures to test and benchmark it.
+
+`oracle_forward(model, examples, ss_prob, ss_rng)` computes what seg/train_codi.py's CodiModel computes,
+one example at a time and one model call per segment, on the weights of a `codi.modeling.CodiModel`
+(its base, projector and options). It is deliberately plain: the reference's loop, the transformers 5
+API (`cache=`), nothing shared with the batched code under test except the weights.
+One documented extension: kd_target="logit" with the shared-weight teacher (the reference would crash)
+targets lm_head(teacher last hidden), detached.
+
+Scheduled-sampling draws: one uniform per post-latent segment when ss_prob > 0, examples in order,
+segments in order, from the explicit `ss_rng` (random.Random or torch.Generator).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+from codi.tokens import TraceTokenIds
+
+
+def _uniform(rng):
+    if isinstance(rng, random.Random):
+        return rng.random()
+    return float(torch.rand((), generator=rng, device=rng.device))
+
+
+def _kd_layers(model):
+    layers = model.kd_layers_arg
+    if model.kd_target == "logit" or (model.frozen_teacher is not None and layers is None):
+        layers = [-1]
+    return layers
+
+
+def _select(hs, layers):
+    return hs[1:] if layers is None else tuple(hs[layer] for layer in layers)
+
+
+def _teacher(model, full, labels, kd_pos):
+    base, head, layers = model.model, model.model.lm_head, _kd_layers(model)
+    pos = torch.tensor(kd_pos)
+    tch = model.frozen_teacher
+    if tch is not None:  # frozen teacher: KD targets only, no teacher CE
+        with torch.no_grad():
+            if model.kd_target == "logit":
+                return None, [tch(input_ids=full[None], use_cache=False).logits[0, pos]]
+            hs = tch(input_ids=full[None], use_cache=False, output_hidden_states=True).hidden_states
+            return None, [h[0, pos] for h in _select(hs, layers)]
+    with torch.no_grad():
+        hs = base(input_ids=full[None], use_cache=False, output_hidden_states=True).hidden_states
+        if model.kd_target == "logit":  # the extension: the shared teacher's own logits
+            kd = [head(hs[-1][0, pos])]
+        else:
+            kd = [h[0, pos] for h in _select(hs, layers)]
+    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        logits = base(input_ids=full[None], use_cache=False).logits
+    finally:
+        base.activation_checkpointing_disable()
+        base.disable_input_require_grads()
+    ce = F.cross_entropy(logits[0, :-1], labels[1:], ignore_index=-100)
+    return ce, kd
+
+
+def _latent_block(model, cache):
+    body, head, emb = model.model.model, model.model.lm_head, model.model.get_input_embeddings()
+    ids = model.token_ids
+    o = body(inputs_embeds=emb(torch.tensor([[ids.latent_start]])), cache=cache, use_cache=True)
+    cache, h = o.cache, o.last_hidden_state[:, -1:]
+    for _ in range(model.latent_steps):
+        o = body(inputs_embeds=model.projector(h), cache=cache, use_cache=True)
+        cache, h = o.cache, o.last_hidden_state[:, -1:]
+    o = body(inputs_embeds=emb(torch.tensor([[ids.latent_end]])), cache=cache, use_cache=True)
+    return o.cache, head(o.last_hidden_state[:, -1])
+
+
+def _student(model, prompt, trace, spans, ss_prob, ss_rng):
+    base, emb, layers = model.model, model.model.get_input_embeddings(), _kd_layers(model)
+    segs, prev, kd = [], 0, False
+    for i, j in spans:
+        segs.append(("text", trace[prev:i + 1], kd))
+        segs.append(("latent", None, False))
+        prev, kd = j, True
+    segs.append(("text", trace[prev:], kd))
+    last = len(segs) - 1
+
+    out = base(inputs_embeds=emb(prompt[None]), use_cache=True)
+    cache, prev_logits = out.cache, out.logits[:, -1]  # predicts trace[0]
+    ce_logits, ce_targets, kd_vecs = [], [], []
+    for s, (kind, ids, kd) in enumerate(segs):
+        if kind == "latent":  # prev_logits predicted the dropped locals: replaced, never trained
+            cache, prev_logits = _latent_block(model, cache)
+            continue
+        inp = ids
+        if kd and ss_prob > 0 and _uniform(ss_rng) < ss_prob:
+            end = ids.numel() if s == last else ids.numel() - 1
+            c = DynamicCache()
+            for li, layer in enumerate(cache.layers):
+                c.update(layer.keys.detach(), layer.values.detach(), li)
+            with torch.no_grad():
+                pred = base(inputs_embeds=emb(ids[None]), cache=c, use_cache=True).logits[0].argmax(-1)
+            inp = ids.clone()
+            inp[1:end] = pred[:end - 1]
+        ce_logits.append(prev_logits)
+        ce_targets.append(ids[:1])
+        out = base(inputs_embeds=emb(inp[None]), cache=cache, use_cache=True, output_hidden_states=kd)
+        cache, logits = out.cache, out.logits[0]
+        if ids.numel() > 1:
+            ce_logits.append(logits[:-1])
+            ce_targets.append(ids[1:])
+        prev_logits = logits[-1:]
+        if kd:  # the segment's first token is the frame's <|action_sep|>
+            kd_vecs.append([h[0, 0] for h in _select(out.hidden_states, layers)])
+    ce = F.cross_entropy(torch.cat(ce_logits), torch.cat(ce_targets))
+    s_kd = [torch.stack([v[layer] for v in kd_vecs]) for layer in range(len(kd_vecs[0]))]
+    return ce, s_kd
+
+
+def _kd_loss(model, s_kd, t_kd):
+    s, t = torch.stack(s_kd), torch.stack(t_kd).detach()
+    if model.kd_target == "logit":
+        temp = model.kd_temp
+        sl, tl = model.model.lm_head(s).flatten(0, -2) / temp, t.flatten(0, -2) / temp
+        return F.kl_div(F.log_softmax(sl, -1), F.softmax(tl, -1), reduction="batchmean") * temp * temp
+    return F.smooth_l1_loss(s, t)
+
+
+def oracle_forward(model, examples, ss_prob=0.0, ss_rng=None):
+    """The reference design, example by example, on `model`'s weights. Returns the same dict as CodiModel."""
+    tl = sl = kl = 0.0
+    for ex in examples:
+        prompt, trace = torch.tensor(ex["prompt_ids"]), torch.tensor(ex["trace_ids"])
+        spans = [tuple(s) for s in ex["spans"]]
+        full = torch.cat([prompt, trace])
+        labels = torch.cat([torch.full((len(prompt),), -100), trace])
+        kd_pos = [len(prompt) + j for _, j in spans]
+        t_ce, t_kd = _teacher(model, full, labels, kd_pos)
+        s_ce, s_kd = _student(model, prompt, trace, spans, ss_prob, ss_rng)
+        if model.single_anchor:
+            t_kd, s_kd = [t[-1:] for t in t_kd], [s[-1:] for s in s_kd]
+        tl = tl + (t_ce if t_ce is not None else 0.0)
+        sl, kl = sl + s_ce, kl + _kd_loss(model, s_kd, t_kd)
+    n = len(examples)
+    loss = model.teacher_ce_weight * tl / n + model.student_ce_weight * sl / n + model.kd_weight * kl / n
+    t_log = (tl / n).detach() if torch.is_tensor(tl) else torch.tensor(0.0)
+    return {"loss": loss, "teacher_loss": t_log, "student_loss": (sl / n).detach(), "kd_loss": (kl / n).detach()}
+
+
+def oracle_latent_block(model, prefix_ids):
+    """Logits after a latent block appended to `prefix_ids` (one example): the reference's _latent_block."""
+    out = model.model(input_ids=torch.tensor([prefix_ids]), use_cache=True)
+    return _latent_block(model, out.cache)[1][0]
+
+
+# ------------------------------------------------------------------- fixtures: tiny model, examples
+TOKEN_IDS = TraceTokenIds(trace_context_start=0, frame_sep=1, call_sep=2, line_sep=3, return_sep=4,
+                          exception_sep=5, action_sep=6, arg_sep=7, latent_start=8, latent_end=9, pad=10, eos=11)
+FIRST_PLAIN = 12  # ids >= this are ordinary text tokens
+
+
+def tiny_base(seed=0, vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, attn="sdpa",
+              tie=True, init=0.1):
+    """A random fp32 Qwen2ForCausalLM in train mode (no dropout)."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+                      tie_word_embeddings=tie, initializer_range=init, pad_token_id=TOKEN_IDS.pad,
+                      eos_token_id=TOKEN_IDS.eos, attn_implementation=attn)
+    return Qwen2ForCausalLM(cfg).train()
+
+
+def make_example(rng, n_line, vocab=96, prompt_len=(4, 10), locals_len=(1, 6), code_len=(1, 6),
+                 other_frames=True):
+    """A synthetic trace in the grammar's shape with `n_line` LINE frames and their spans.
+
+    other_frames=False makes the LINE frames back to back (no call/return frames between them)."""
+    ids = TOKEN_IDS
+
+    def plain(lo_hi):
+        return [rng.randrange(FIRST_PLAIN, vocab) for _ in range(rng.randint(*lo_hi))]
+
+    prompt = [ids.trace_context_start] + plain(prompt_len) + [ids.frame_sep]
+    trace = [ids.call_sep] + plain(locals_len) + [ids.action_sep] + plain(code_len) + [ids.frame_sep]
+    spans = []
+    for _ in range(n_line):
+        if other_frames and rng.random() < 0.3:
+            trace += [ids.return_sep, ids.action_sep] + plain(code_len) + [ids.arg_sep] + plain((1, 3)) + [ids.frame_sep]
+        i = len(trace)
+        trace += [ids.line_sep] + plain(locals_len)
+        spans.append((i, len(trace)))
+        trace += [ids.action_sep] + plain(code_len) + [ids.frame_sep]
+    trace += [ids.return_sep, ids.action_sep] + plain(code_len) + [ids.arg_sep] + plain((1, 3)) + [ids.frame_sep, ids.eos]
+    return {"prompt_ids": prompt, "trace_ids": trace, "spans": spans}

@@ -1,0 +1,314 @@
+"""Unit tests of codi.modeling: argument checks, example checks, schedule, call counts, primitives,
+DDP, dtype, save/load. Equality with the reference design: test_modeling_equivalence.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.codi_oracle` without a conftest
+
+import codi.modeling.losses as losses  # noqa: E402
+from codi.config import CodiConfig  # noqa: E402
+from codi.modeling import (CodiModel, PaddedRows, activation_checkpointing, latent_block, load_codi_model,  # noqa: E402
+                           plan_example, read_codi_config, save_codi_model, ss_ramp)
+from codi.tokens import add_trace_tokens, token_ids  # noqa: E402
+from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, oracle_latent_block, tiny_base  # noqa: E402
+
+torch.set_num_threads(1)
+W = dict(teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0)
+
+
+def build(latent_steps=1, base=None, **kw):
+    return CodiModel(base if base is not None else tiny_base(), TOKEN_IDS, latent_steps=latent_steps, **{**W, **kw})
+
+
+def batch(frames=(1, 3, 2), seed=0):
+    rng = random.Random(seed)
+    return [make_example(rng, n) for n in frames]
+
+
+# ---------------------------------------------------------------------------------- arguments
+@pytest.mark.parametrize("kw,key", [
+    (dict(latent_steps=-1), "codi.latent_steps"),
+    (dict(latent_steps=1.5), "codi.latent_steps"),
+    (dict(kd_layers=[3]), "codi.kd_layers"),        # tiny_base: 2 layers -> 3 hidden states
+    (dict(kd_layers=[-4]), "codi.kd_layers"),
+    (dict(kd_layers=[]), "codi.kd_layers"),
+    (dict(kd_target="attention"), "codi.kd_target"),
+    (dict(kd_target="logit", kd_layers=[1]), "codi.kd_layers"),
+    (dict(kd_target="logit", kd_layers=[-1, 0]), "codi.kd_layers"),
+    (dict(kd_temp=0.0), "codi.kd_temp"),
+    (dict(single_anchor="yes"), "codi.single_anchor"),
+    (dict(kd_weight=-1.0), "gamma (kd_weight)"),
+    (dict(teacher_ce_weight=float("nan")), "alpha (teacher_ce_weight)"),
+])
+def test_bad_constructor_args_name_the_key(kw, key):
+    args = {**W, "latent_steps": 1, **kw}
+    with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(")", r"\)")):
+        CodiModel(tiny_base(), TOKEN_IDS, **args)
+
+
+def test_bad_frozen_teacher_and_layer_range_against_teacher():
+    with pytest.raises(ValueError, match="codi.frozen_teacher"):
+        build(frozen_teacher=tiny_base(hidden=48, heads=4))
+    with pytest.raises(ValueError, match="codi.kd_layers"):  # in range for the base, not the 1-layer teacher
+        build(frozen_teacher=tiny_base(layers=1), kd_layers=[2])
+    with pytest.raises(ValueError, match="token_ids.pad"):
+        CodiModel(tiny_base(), dataclasses.replace(TOKEN_IDS, pad=500), latent_steps=1, **W)
+
+
+def test_logit_accepts_last_layer_spellings():
+    assert build(kd_target="logit").student_layers == (2,)
+    assert build(kd_target="logit", kd_layers=[2]).student_layers == (2,)
+    assert build(kd_layers=None).student_layers == (1, 2)  # shared hidden default: hidden_states[1:]
+    assert build(frozen_teacher=tiny_base(layers=3)).teacher_layers == (3,)
+
+
+def test_from_config_maps_fields():
+    cfg = CodiConfig(latent_steps=3, kd_layers=[-1], single_anchor=True, kd_target="hidden", kd_temp=1.0)
+    m = CodiModel.from_config(tiny_base(), TOKEN_IDS, cfg, alpha=0.5, beta=2.0, gamma=3.0)
+    assert (m.latent_steps, m.kd_layers_arg, m.single_anchor) == (3, [-1], True)
+    assert (m.teacher_ce_weight, m.student_ce_weight, m.kd_weight) == (0.5, 2.0, 3.0)
+    with pytest.raises(ValueError, match="codi.frozen_teacher"):
+        CodiModel.from_config(tiny_base(), TOKEN_IDS, CodiConfig(frozen_teacher="models/sft"), 1, 1, 1)
+    with pytest.raises(ValueError, match="codi.frozen_teacher"):
+        CodiModel.from_config(tiny_base(), TOKEN_IDS, CodiConfig(), 1, 1, 1, frozen_teacher=tiny_base())
+
+
+def test_projector_and_frozen_teacher_registration():
+    teacher = tiny_base(seed=3)
+    m = build(frozen_teacher=teacher)
+    kinds = [type(x).__name__ for x in m.projector]
+    assert kinds == ["Linear", "GELU", "Linear", "LayerNorm"]
+    assert all(lin.bias is None for lin in (m.projector[0], m.projector[2]))
+    names = set(m.state_dict())
+    assert any(n.startswith("projector.") for n in names) and any(n.startswith("model.") for n in names)
+    assert len(list(m.parameters())) == len(list(m.model.parameters())) + len(list(m.projector.parameters()))
+    assert not any(p.requires_grad for p in teacher.parameters()) and not teacher.training
+    assert build(latent_steps=0).projector[0].weight.requires_grad is False
+
+
+# ----------------------------------------------------------------------------------- examples
+@pytest.mark.parametrize("mutate,match", [
+    (lambda ex: ex.update(spans=[]), r"examples\[0\].spans: expected at least one"),
+    (lambda ex: ex.update(spans=[ex["spans"][0], ex["spans"][0]]), r"examples\[0\].spans\[1\].*sorted"),
+    (lambda ex: ex.update(spans=[(ex["spans"][0][0] + 1, ex["spans"][0][1])]), r"spans\[0\].*<\|line_sep\|>"),
+    (lambda ex: ex.update(spans=[(ex["spans"][0][0], ex["spans"][0][1] - 1)]), r"spans\[0\].*<\|action_sep\|>"),
+    (lambda ex: ex.update(spans=[(0, 10 ** 6)]), r"spans\[0\].*len\(trace_ids\)"),
+    (lambda ex: ex.update(prompt_ids=[]), r"examples\[0\].prompt_ids"),
+    (lambda ex: ex.pop("trace_ids"), r"missing key 'trace_ids'"),
+])
+def test_bad_examples_are_named(mutate, match):
+    ex = batch(frames=(2,))[0]
+    mutate(ex)
+    with pytest.raises(ValueError, match=match):
+        plan_example(ex, 0, TOKEN_IDS)
+
+
+def test_plan_rounds_cover_the_non_locals_trace():
+    ex = batch(frames=(3,))[0]
+    plan = plan_example(ex, 0, TOKEN_IDS)
+    locals_tokens = sum(j - i - 1 for i, j in plan.spans)
+    assert sum(len(r.targets) for r in plan.rounds) == len(plan.trace) - locals_tokens
+    assert [r.ends_in_latent for r in plan.rounds] == [True, True, True, False]
+    for r in plan.rounds[1:]:
+        assert r.tokens[0] == TOKEN_IDS.latent_end and r.tokens[r.anchor] == TOKEN_IDS.action_sep
+
+
+def test_ss_ramp_and_rng_requirements():
+    assert ss_ramp(0, 100, 0.8, 0.5) == 0.0
+    assert ss_ramp(25, 100, 0.8, 0.5) == pytest.approx(0.4)
+    assert ss_ramp(50, 100, 0.8, 0.5) == pytest.approx(0.8) == ss_ramp(90, 100, 0.8, 0.5)
+    assert ss_ramp(3, 0, 0.5, 0.5) == 0.5  # max(1, .) guards a zero-length ramp
+    m = build()
+    with pytest.raises(ValueError, match="ss_rng"):
+        m(batch(), ss_prob=0.5)
+    with pytest.raises(ValueError, match="ss_prob"):
+        m(batch(), ss_prob=1.5, ss_rng=random.Random(0))
+    with pytest.raises(ValueError, match="ss_rng"):
+        m(batch(), ss_prob=0.5, ss_rng=0)
+
+
+def test_ss_draws_are_reproducible_and_consumed_in_order():
+    m = build()
+    ex = batch(frames=(2, 3))
+    a = m(ex, ss_prob=0.5, ss_rng=random.Random(11))["loss"].item()
+    assert m(ex, ss_prob=0.5, ss_rng=random.Random(11))["loss"].item() == a
+    rng = random.Random(11)
+    m(ex, ss_prob=0.5, ss_rng=rng)
+    ref = random.Random(11)
+    [ref.random() for _ in range(5)]  # one draw per post-latent segment: 2 + 3
+    assert rng.random() == ref.random()
+    untouched = random.Random(11)
+    m(ex, ss_prob=0.0, ss_rng=untouched)
+    assert untouched.random() == random.Random(11).random()
+
+
+# -------------------------------------------------------------------------------- call counts
+def count_body_calls(model, fn):
+    calls = []
+    handle = model.model.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        fn()
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+@pytest.mark.parametrize("latent_steps", [1, 3])
+def test_model_calls_do_not_grow_with_batch_size(latent_steps):
+    m = build(latent_steps)
+    small, big = batch(frames=(4, 1), seed=1), batch(frames=(2, 4, 1, 3, 4, 2, 1, 3), seed=2)
+    expected = 1 + 1 + 4 * (latent_steps + 1)  # teacher, round 0, then per frame: latents + text round
+    assert count_body_calls(m, lambda: m(small)) == expected
+    assert count_body_calls(m, lambda: m(big)) == expected
+    assert count_body_calls(m, lambda: oracle_forward(m, big)) > 2 * count_body_calls(m, lambda: oracle_forward(m, small))
+    frozen = build(latent_steps, frozen_teacher=tiny_base(seed=4))
+    assert count_body_calls(frozen, lambda: frozen(big)) == expected - 1
+
+
+# --------------------------------------------------------------------------------- primitives
+def test_latent_block_primitive_equals_reference_block():
+    m = build(latent_steps=3).eval()
+    prefixes = [[0, 20, 21, 1, 3], [0, 30, 31, 32, 33, 34, 35, 1, 2, 40, 6, 41, 1, 3], [0, 50, 1, 3]]
+    n, width = len(prefixes), max(map(len, prefixes))
+    ids = torch.full((n, width), TOKEN_IDS.pad)
+    real = torch.zeros(n, width, dtype=torch.bool)
+    for e, p in enumerate(prefixes):
+        ids[e, :len(p)], real[e, :len(p)] = torch.tensor(p), True
+    with torch.no_grad():
+        rows = PaddedRows(m.body, n, "cpu")
+        rows.step(m.embed(ids), real)
+        active = torch.tensor([True, True, False])
+        h = latent_block(rows, m.projector, m.model.get_input_embeddings(), TOKEN_IDS.latent_start,
+                         TOKEN_IDS.latent_end, m.latent_steps, active, TOKEN_IDS.pad)
+        logits = m.head(h)
+        for e in range(2):
+            torch.testing.assert_close(logits[e], oracle_latent_block(m, prefixes[e]), rtol=1e-5, atol=1e-6)
+        assert torch.isfinite(logits).all()
+
+
+def test_padded_rows_requires_a_real_first_slot():
+    m = build()
+    rows = PaddedRows(m.body, 2, "cpu")
+    with pytest.raises(ValueError, match="first block"):
+        rows.step(m.embed(torch.tensor([[12, 13], [10, 14]])), torch.tensor([[True, True], [False, True]]))
+
+
+def test_every_trainable_parameter_gets_a_finite_gradient():
+    for kw in (dict(latent_steps=0), dict(), dict(kd_target="logit"), dict(frozen_teacher=tiny_base(seed=2))):
+        m = build(**kw)
+        m(batch(frames=(1, 4, 2)), ss_prob=0.5, ss_rng=random.Random(0))["loss"].backward()
+        for name, p in m.named_parameters():
+            if p.requires_grad:
+                assert p.grad is not None and torch.isfinite(p.grad).all(), (kw, name)
+
+
+def test_student_ignores_global_activation_checkpointing_and_restores_it():
+    m = build()
+    ref = m(batch())["loss"].item()
+    m.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert m(batch())["loss"].item() == pytest.approx(ref, rel=1e-6)
+    assert m.model.is_activation_checkpointing
+    m.model.activation_checkpointing_disable()
+    with activation_checkpointing(m.model, True):
+        assert m.model.is_activation_checkpointing
+    assert not m.model.is_activation_checkpointing
+
+
+def test_chunked_cross_entropy_equals_direct(monkeypatch):
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False)
+    h = torch.randn(37, 8, requires_grad=True)
+    t = torch.randint(0, 50, (37,))
+    direct = losses.token_ce(h, head, t)
+    g_direct = torch.autograd.grad(direct.sum(), [h, head.weight])
+    monkeypatch.setattr(losses, "CE_CHUNK_ELEMENTS", 50 * 5)
+    chunked = losses.token_ce(h, head, t)
+    g_chunked = torch.autograd.grad(chunked.sum(), [h, head.weight])
+    torch.testing.assert_close(chunked, direct)
+    for a, b in zip(g_chunked, g_direct):
+        torch.testing.assert_close(a, b)
+
+
+def test_bf16_runs_and_keeps_dtype():
+    m = CodiModel(tiny_base().to(torch.bfloat16), TOKEN_IDS, latent_steps=2, **W)
+    assert m.projector[0].weight.dtype == torch.bfloat16
+    out = m(batch(frames=(2, 1)), ss_prob=1.0, ss_rng=random.Random(0))
+    out["loss"].backward()
+    assert all(torch.isfinite(v) for v in out.values())
+    assert torch.isfinite(m.projector[0].weight.grad.float()).all()
+
+
+def test_ddp_without_unused_parameters(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for kw in (dict(latent_steps=0), dict(latent_steps=1), dict(latent_steps=1, frozen_teacher=tiny_base(seed=3)),
+                   dict(latent_steps=1, kd_target="logit")):
+            ddp = DDP(build(**kw), find_unused_parameters=False)
+            for step in range(2):  # an unused trainable parameter fails on the second step
+                ddp(batch(frames=(1, 2), seed=step), ss_prob=0.5, ss_rng=random.Random(step))["loss"].backward()
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------- save/load
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"w{i}": i + 1 for i in range(40)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>")
+    add_trace_tokens(tok)
+    return tok
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_save_and_load_round_trip(tmp_path, tie):
+    tok = tiny_tokenizer()
+    ids = token_ids(tok)
+    base = tiny_base(vocab=len(tok), tie=tie)
+    m = CodiModel(base, ids, latent_steps=2, kd_layers=[-1], single_anchor=True, **W)
+    with torch.no_grad():  # make sure a trained (non-initial) projector is what gets saved
+        for p in m.projector.parameters():
+            p.add_(0.01)
+    out = save_codi_model(m, tok, tmp_path / "codi", extra={"step": 12, "val_loss": 1.5})
+    assert (out / "thought_projector.safetensors").is_file() and (out / "codi_config.json").is_file()
+    assert any(out.glob("*.safetensors")) and not any(out.glob("*.bin"))
+    loaded = load_codi_model(out)
+    x = torch.tensor([[ids.trace_context_start, 5, 6, ids.frame_sep, ids.line_sep]])
+    m.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(input_ids=x).logits, base(input_ids=x).logits, rtol=0, atol=0)
+        h = torch.randn(3, base.config.hidden_size)
+        torch.testing.assert_close(loaded.projector(h), m.projector(h), rtol=0, atol=0)
+    tied = loaded.model.lm_head.weight.data_ptr() == loaded.model.get_input_embeddings().weight.data_ptr()
+    assert tied == tie
+    cfg = loaded.config
+    assert (cfg.latent_steps, cfg.kd_layers, cfg.single_anchor, cfg.token_ids) == (2, [-1], True, ids)
+    assert cfg.extra == {"step": 12, "val_loss": 1.5} and read_codi_config(out) == cfg
+    assert not loaded.model.training
+    bf = load_codi_model(out, dtype=torch.bfloat16)
+    assert bf.model.dtype == torch.bfloat16 and bf.projector[0].weight.dtype == torch.bfloat16
+
+
+def test_save_and_load_errors(tmp_path):
+    tok = tiny_tokenizer()
+    m = CodiModel(tiny_base(vocab=len(tok)), token_ids(tok), latent_steps=1, **W)
+    with pytest.raises(ValueError, match="JSON-serializable"):
+        save_codi_model(m, tok, tmp_path / "a", extra={"x": object()})
+    with pytest.raises(ValueError, match="token ids differ"):
+        save_codi_model(build(), tok, tmp_path / "b")
+    with pytest.raises(ValueError, match="codi_config.json"):
+        load_codi_model(tmp_path / "missing")

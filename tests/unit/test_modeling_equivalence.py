@@ -1,0 +1,158 @@
+"""The batched CodiModel equals the per-example oracle (tests/codi_oracle.py, the reference design):
+loss and every sub-loss to 1e-5 relative, every gradient of base + projector to 1e-4."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.codi_oracle` without a conftest
+
+from codi.modeling import CodiModel  # noqa: E402
+from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, tiny_base  # noqa: E402
+
+torch.set_num_threads(1)
+LOSS_KEYS = ("loss", "teacher_loss", "student_loss", "kd_loss")
+
+
+def build(latent_steps=1, teacher=None, attn="sdpa", **kw):
+    opts = dict(teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0)
+    opts.update(kw)
+    return CodiModel(tiny_base(attn=attn), TOKEN_IDS, latent_steps=latent_steps, frozen_teacher=teacher, **opts)
+
+
+def mixed_batch(seed=0, frames=(1, 3, 2, 4)):
+    rng = random.Random(seed)
+    return [make_example(rng, n) for n in frames]
+
+
+def edge_batch(seed=1):
+    rng = random.Random(seed)
+    one_frame = make_example(rng, 1)
+    back_to_back = make_example(rng, 4, other_frames=False)
+    one_token_locals = make_example(rng, 3, locals_len=(1, 1), code_len=(1, 2))
+    long_prompt = make_example(rng, 2, prompt_len=(80, 80))
+    # A trace that opens with a LINE frame (span at i = 0) and a two-token segment between spans.
+    t = TOKEN_IDS
+    starts_with_line = {"prompt_ids": [t.trace_context_start, 20, 21, t.frame_sep],
+                        "trace_ids": [t.line_sep, 30, t.action_sep, t.line_sep, 31, 32, t.action_sep, 40, t.eos],
+                        "spans": [(0, 2), (3, 6)]}
+    return [one_frame, back_to_back, one_token_locals, long_prompt, starts_with_line]
+
+
+def grads(model):
+    return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()}
+
+
+def run(fn, model):
+    model.zero_grad(set_to_none=True)
+    out = fn()
+    out["loss"].backward()
+    return {k: out[k].detach() for k in LOSS_KEYS}, grads(model)
+
+
+def assert_equal_to_oracle(model, examples, ss_prob=0.0, seed=7, rng_kind="random"):
+    def rng():
+        if rng_kind == "torch":
+            return torch.Generator().manual_seed(seed)
+        return random.Random(seed)
+
+    o_out, o_grads = run(lambda: oracle_forward(model, examples, ss_prob, rng()), model)
+    b_out, b_grads = run(lambda: model(examples, ss_prob=ss_prob, ss_rng=rng()), model)
+    for k in LOSS_KEYS:
+        o, b = float(o_out[k]), float(b_out[k])
+        assert abs(b - o) <= 1e-5 * max(abs(o), 1e-8) + 1e-9, f"{k}: batched {b!r} vs oracle {o!r}"
+    assert o_grads.keys() == b_grads.keys()
+    n_checked = 0
+    for name in o_grads:
+        go, gb = o_grads[name], b_grads[name]
+        assert (go is None) == (gb is None), f"{name}: grad present in only one of oracle/batched"
+        if go is None:
+            continue
+        scale = float(go.abs().max())
+        torch.testing.assert_close(gb, go, rtol=1e-4, atol=1e-4 * scale + 1e-12, msg=lambda m: f"{name}: {m}")
+        assert float((gb - go).norm()) <= 1e-4 * float(go.norm()) + 1e-12, name
+        n_checked += 1
+    assert n_checked > 0
+    return o_out
+
+
+OPTIONS = {
+    "default": {},
+    "kd_layers_explicit": dict(kd_layers=[0, 2]),
+    "kd_layers_negative": dict(kd_layers=[-2, -1]),
+    "single_anchor": dict(single_anchor=True),
+    "logit_shared": dict(kd_target="logit", kd_temp=1.5),
+    "weights": dict(teacher_ce_weight=0.5, student_ce_weight=2.0, kd_weight=3.0),
+}
+
+
+@pytest.mark.parametrize("latent_steps", [1, 3])
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_options_match_oracle(option, latent_steps):
+    model = build(latent_steps, **OPTIONS[option])
+    out = assert_equal_to_oracle(model, mixed_batch())
+    assert float(out["kd_loss"]) > 0 and float(out["teacher_loss"]) > 0
+
+
+FROZEN = {
+    "hidden_default": dict(),
+    "hidden_explicit": dict(kd_layers=[1, -1]),
+    "logit": dict(kd_target="logit"),
+}
+
+
+@pytest.mark.parametrize("latent_steps", [1, 3])
+@pytest.mark.parametrize("option", sorted(FROZEN))
+def test_frozen_teacher_matches_oracle(option, latent_steps):
+    # A deeper teacher: negative kd_layers resolve against each model's own depth.
+    teacher = tiny_base(seed=5, layers=3)
+    model = build(latent_steps, teacher=teacher, **FROZEN[option])
+    out = assert_equal_to_oracle(model, mixed_batch(seed=2))
+    assert float(out["teacher_loss"]) == 0.0
+    assert all(p.grad is None for p in teacher.parameters())
+
+
+@pytest.mark.parametrize("latent_steps", [1, 3])
+@pytest.mark.parametrize("ss_prob,rng_kind", [(1.0, "random"), (0.5, "random"), (0.5, "torch")])
+def test_scheduled_sampling_matches_oracle(ss_prob, rng_kind, latent_steps):
+    model = build(latent_steps)
+    examples = mixed_batch(seed=3, frames=(2, 4, 1, 3))
+    with_ss = assert_equal_to_oracle(model, examples, ss_prob=ss_prob, rng_kind=rng_kind)
+    without = model(examples)
+    # Sampling changed the student's inputs (so the test exercises it), never the teacher.
+    assert float(with_ss["student_loss"]) != float(without["student_loss"])
+    assert float(with_ss["teacher_loss"]) == pytest.approx(float(without["teacher_loss"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("latent_steps", [1, 3])
+def test_span_edge_cases_match_oracle(latent_steps):
+    model = build(latent_steps)
+    assert_equal_to_oracle(model, edge_batch())
+    assert_equal_to_oracle(model, edge_batch(), ss_prob=1.0)
+
+
+def test_eager_attention_matches_oracle():
+    assert_equal_to_oracle(build(2, attn="eager"), edge_batch(seed=4))
+
+
+def test_single_example_batch_matches_oracle():
+    assert_equal_to_oracle(build(1, single_anchor=True, kd_layers=[-1]), mixed_batch(frames=(3,)))
+
+
+# ------------------------------------------------------------------------------------ slow grid
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("latent_steps", [0, 1, 2, 3])
+def test_grid_matches_oracle(seed, latent_steps):
+    rng = random.Random(100 + seed)
+    frames = [rng.randint(1, 6) for _ in range(rng.randint(2, 6))]
+    examples = [make_example(rng, n, locals_len=(1, 8), code_len=(1, 8)) for n in frames]
+    for kw in ({}, dict(kd_layers=[-1], single_anchor=True), dict(kd_target="logit")):
+        assert_equal_to_oracle(build(latent_steps, **kw), examples)
+    assert_equal_to_oracle(build(latent_steps, teacher=tiny_base(seed=9), kd_target="logit"), examples)
+    assert_equal_to_oracle(build(latent_steps), examples, ss_prob=0.7, seed=seed)
