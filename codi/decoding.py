@@ -24,7 +24,8 @@ Batching: prompts are left-padded; every step feeds one position per unfinished 
 `inputs_embeds` (a token's embedding, or a latent), with a 2-D attention mask over past + new and
 explicit `position_ids`, in one model call for the whole batch. Finished rows leave the batch (the
 KV cache keeps only live rows), so no row ever carries padding in the middle and a batched result
-equals the one-at-a-time result. Positions count every generated item: tokens (the block's two
+equals the one-at-a-time result (bit for bit in fp32 on CPU, as the tests check; GPU kernels picked
+per batch shape may differ in the last bits, which can flip a near-tie). Positions count every generated item: tokens (the block's two
 markers included) and latents; `max_new_tokens` caps them.
 
 Time per example is the row's share of the batch's wall time: the prefill split evenly over the
