@@ -9,7 +9,6 @@ training can learn in one parallel pass.
 
 from __future__ import annotations
 
-import io
 
 import pytest
 import torch
