@@ -176,6 +176,11 @@ class TrainConfig:
     torch_threads: int = _f(1, "torch intra-op threads on CPU; 0 = torch's default (1 is fastest for tiny models)", ge=0)
     seed: int = _f(0, "seed of weights-independent randomness (data order, dropout)")
 
+    def __post_init__(self) -> None:
+        if self.keep == "best" and self.save_steps % self.eval_steps:
+            raise ConfigError(f"save_steps = {self.save_steps} with keep = 'best': expected a multiple of "
+                              f"eval_steps ({self.eval_steps}); the best model must have been saved")
+
 
 @dataclass(frozen=True)
 class CodiConfig(TrainConfig):

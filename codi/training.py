@@ -72,7 +72,7 @@ def training_arguments(cfg: TrainConfig, output_dir: Path, run_name: str, report
     from transformers import TrainingArguments
 
     keep_best = cfg.keep == "best" and has_eval
-    return TrainingArguments(
+    kw: dict[str, Any] = dict(
         output_dir=str(output_dir),
         run_name=run_name,
         max_steps=cfg.max_steps,
@@ -109,8 +109,9 @@ def training_arguments(cfg: TrainConfig, output_dir: Path, run_name: str, report
         ddp_find_unused_parameters=False,
         disable_tqdm=False,
         use_cpu=not use_cuda(),
-        **extra,
     )
+    kw.update(extra)  # stage-specific settings (e.g. codi's own checkpointing) win
+    return TrainingArguments(**kw)
 
 
 # --------------------------------------------------------------------------------- fingerprints
