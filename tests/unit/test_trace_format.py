@@ -1,0 +1,104 @@
+"""Property tests of codi/tracing/format.py: text -> frames -> text is the identity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codi.tokens import ACTION_SEP, ARG_SEP, FRAME_SEP, LINE_SEP, TRACE_TOKENS, contains_special
+from codi.tracing.format import (
+    UNCHANGED, Frame, TraceParseError, actions, encode_locals, encode_value, entry_exit, locals_offsets,
+    parse_frames_prefix, parse_trace, render_frame, render_prompt, render_trace,
+)
+
+# Text a trace field may hold: anything but a special token (those samples are unrepresentable).
+text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30).filter(lambda s: not contains_special(s))
+names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
+reprs = st.one_of(text, st.just(UNCHANGED))
+source_lines = text.map(lambda s: s.replace("\n", " ") + "\n")
+
+
+@st.composite
+def frames(draw) -> Frame:
+    kind = draw(st.sampled_from(["call", "line", "return", "exception"]))
+    line = draw(source_lines)
+    if kind in ("call", "line"):
+        return Frame(kind, line, locals=encode_locals(draw(st.dictionaries(names, reprs, max_size=5))))
+    return Frame(kind, line, value=encode_value(draw(text)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(frames(), max_size=12))
+def test_frames_text_frames_identity(fs: list[Frame]) -> None:
+    text_ = render_trace(fs)
+    assert parse_trace(text_) == fs
+    assert render_trace(parse_trace(text_)) == text_
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(frames(), min_size=1, max_size=8), st.data())
+def test_prefix_parse_keeps_the_open_frame(fs: list[Frame], data) -> None:
+    text_ = render_trace(fs)
+    cut = data.draw(st.integers(0, len(text_)))
+    done, rest = parse_frames_prefix(text_[:cut])
+    assert render_trace(done) + rest == text_[:cut]
+    assert done == fs[:len(done)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(frames(), max_size=10))
+def test_locals_offsets_point_at_each_line_frames_locals(fs: list[Frame]) -> None:
+    text_ = render_trace(fs)
+    spans = locals_offsets(fs)
+    lines = [f for f in fs if f.kind == "line"]
+    assert len(spans) == len(lines)
+    for (i, j), f in zip(spans, lines):
+        assert text_[i:j] == f.locals
+        assert text_[i - len(LINE_SEP):i] == LINE_SEP and text_[j:j + len(ACTION_SEP)] == ACTION_SEP
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(names, text, max_size=6), text)
+def test_encoded_fields_decode_to_what_was_encoded(values: dict[str, str], rep: str) -> None:
+    f = Frame("line", "x\n", locals=encode_locals(values))
+    assert f.locals_dict() == values
+    assert list(f.locals_dict()) == list(values)  # Python's order, never sorted
+    assert Frame("return", "x\n", value=encode_value(rep)).value_repr() == rep
+
+
+def test_prompt_holds_program_and_call() -> None:
+    p = render_prompt("def f():\n    return 1\n", "f()")
+    assert p.endswith("# call: f()\n" + FRAME_SEP) and "def f():\n    return 1\n" in p
+
+
+def test_entry_exit_balances_nested_calls_and_generators() -> None:
+    c, ln = Frame("call", "d\n", locals="{}"), Frame("line", "l\n", locals="{}")
+    r = Frame("return", "r\n", value='"1"')
+    x = Frame("exception", "x\n", value='"E()"')
+    assert entry_exit([c, ln, c, r, c, x, ln, r]) is [c, ln, c, r, c, x, ln, r][-1]
+    assert entry_exit([c, ln, c, r]) is None
+    assert actions([c, r]) == [("call", "d\n"), ("return", "r\n")]
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("<|line_sep|>{}" + FRAME_SEP, "no <|action_sep|>"),
+    ("<|return_sep|>x" + FRAME_SEP, "no <|action_sep|> after the marker"),
+    ("<|return_sep|><|action_sep|>x\n" + FRAME_SEP, "no <|arg_sep|>"),
+    ("<|line_sep|>[1]<|action_sep|>x\n" + FRAME_SEP, "not a JSON object of strings"),
+    ("<|line_sep|>{<|action_sep|>x\n" + FRAME_SEP, "locals are not JSON"),
+    ("<|return_sep|><|action_sep|>x\n" + ARG_SEP + "1" + FRAME_SEP, "not a JSON string"),
+    ("hello" + FRAME_SEP, "does not start with a frame marker"),
+    ("<|call_sep|>{}<|action_sep|>x\n", "not closed"),
+])
+def test_bad_text_names_the_frame_and_the_reason(bad: str, why: str) -> None:
+    good = render_frame(Frame("call", "def f():\n", locals="{}"))
+    with pytest.raises(TraceParseError, match=f"frame 1: .*{why}" if "closed" not in why else "frame 1: not closed"):
+        parse_trace(good + bad)
+
+
+def test_every_special_token_is_caught() -> None:
+    for token in TRACE_TOKENS:
+        assert contains_special(json.dumps(f"a{token}b")) == token
