@@ -198,14 +198,7 @@ def _set_parent_death_signal(sig: int) -> None:
 def _guard(parent_pid: int, grace_s: float, cmd: list[str]) -> int:
     """Session leader between the caller and the command: runs `cmd` in its own process group and, when the
     caller dies or it is told to stop (SIGTERM/SIGINT/SIGHUP), takes the whole group down."""
-    _set_parent_death_signal(signal.SIGTERM)
-    if os.getppid() != parent_pid:     # the caller died before prctl took effect
-        return 1
-    try:
-        child = subprocess.Popen(cmd)
-    except OSError as e:
-        print(f"cannot run {cmd[0]}: {e}", file=sys.stderr, flush=True)
-        return 127
+    child: subprocess.Popen[bytes] | None = None
 
     def stop(signum: int, frame: Any) -> None:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -213,7 +206,7 @@ def _guard(parent_pid: int, grace_s: float, cmd: list[str]) -> int:
         os.killpg(0, signal.SIGTERM)
         # Raw waitpid: the interrupted child.wait() below holds Popen's wait lock.
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
+        while child is not None and time.monotonic() < deadline:
             try:
                 if os.waitpid(child.pid, os.WNOHANG)[0]:
                     break
@@ -222,8 +215,17 @@ def _guard(parent_pid: int, grace_s: float, cmd: list[str]) -> int:
             time.sleep(0.05)
         os.killpg(0, signal.SIGKILL)    # the stage command, anything it spawned, and this guard
 
+    # Handlers first: a stop request between the fork and the handlers would otherwise orphan the child.
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, stop)
+    _set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent_pid:     # the caller died before prctl took effect
+        return 1
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as e:
+        print(f"cannot run {cmd[0]}: {e}", file=sys.stderr, flush=True)
+        return 127
     rc = child.wait()
     if rc < 0:      # pass a death by signal on as one, so the caller sees the same exit status
         signal.signal(-rc, signal.SIG_DFL)

@@ -35,7 +35,7 @@ def hold_dvc_lock(root: Path, seconds: float) -> threading.Thread:
 
 def test_real_lock_contention_is_transient(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p", {"extract": DAG_STAGES["extract"]})
-    holder = hold_dvc_lock(root, 8)
+    holder = hold_dvc_lock(root, 5)
     with pytest.raises(dvc.StageFailed) as info:
         dvc.run_stage(root, "extract", on_line=lambda l: None)
     assert info.value.transient and "Unable to acquire lock" in str(info.value)
