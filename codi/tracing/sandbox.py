@@ -35,6 +35,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ STATUSES: dict[str, str] = {
     "unrepresentable": "the program, call or a repr spells a special token literally",
 }
 Mode = Literal["auto", "namespaces", "userns", "process"]
+_MODES = ("auto", "namespaces", "userns", "process")
 _NS_FLAGS = ["--pid", "--net", "--ipc", "--uts", "--mount", "--fork", "--kill-child"]
 _UID_LO, _UID_SPAN = 60001, 4000  # per-worker uids, from the "globally allocated" range below 65000
 _START_TIMEOUT_S = 60.0
@@ -155,6 +157,10 @@ class _Worker:
         self.mode, self.uid, self.once = mode, uid, once
         self.trace, self.sandbox = trace, sandbox
         self.stderr = tempfile.TemporaryFile()
+        # Without a private /tmp, the samples' temp dirs live in one we make and always remove.
+        self.tmp_base = tempfile.mkdtemp(prefix="codi-sandbox-") if mode == "process" else ""
+        if self.tmp_base:
+            os.chmod(self.tmp_base, 0o711)  # a sample's uid may enter its own 0700 dir inside
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
             "PYTHONHASHSEED": "0",  # set order, str hashes: the same trace on every run
@@ -169,8 +175,11 @@ class _Worker:
         self.rfd = self.proc.stdout.fileno()
         self.wfd = self.proc.stdin.fileno()
         self.buf = bytearray()
-        write_msg(self.wfd, {"op": "init", "mode": mode, "uid": uid, "trace": asdict(trace),
-                             "sandbox": asdict(sandbox)})
+        try:
+            write_msg(self.wfd, {"op": "init", "mode": mode, "uid": uid, "trace": asdict(trace),
+                                 "sandbox": asdict(sandbox), "tmp_base": self.tmp_base})
+        except BrokenPipeError:
+            pass  # it died at once: handshake() reports why
 
     def handshake(self) -> dict:
         msg = self.receive(_START_TIMEOUT_S)
@@ -221,7 +230,7 @@ class _Worker:
 
     def kill(self) -> None:
         try:
-            os.killpg(self.proc.pid, 9)
+            os.killpg(self.proc.pid, signal.SIGKILL)  # unshare and the worker (its namespace dies with it)
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
@@ -245,6 +254,8 @@ class _Worker:
                 f.close()
             except OSError:
                 pass
+        if self.tmp_base:
+            shutil.rmtree(self.tmp_base, ignore_errors=True)
 
 
 def _result(sample_id: str, msg: dict) -> TraceResult:
@@ -259,6 +270,12 @@ def _failed(sample_id: str, status: str, reason: str) -> TraceResult:
 
 def _precheck(sample: Sample) -> TraceResult | None:
     """Samples whose text alone decides the result (no worker needed)."""
+    for what, text in (("program", sample.program), ("call", sample.call), ("setup", sample.setup),
+                       ("expected", sample.expected or "")):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (a JSON "\ud800"): no valid text holds it
+            return _failed(sample.sample_id, "error", f"the {what} is not valid Unicode: {e.reason} at {e.start}")
     for what, text in (("program", sample.program), ("call", sample.call)):
         token = contains_special(text)
         if token:
@@ -272,12 +289,14 @@ def _run_msg(idx: int, sample: Sample) -> dict:
 
 
 class TracerPool:
-    """A pool of sandboxed tracing workers; a context manager. Not thread-safe."""
+    """A pool of sandboxed tracing workers; a context manager. One `trace()` at a time, one thread."""
 
     def __init__(self, trace: TraceConfig, sandbox: SandboxConfig, workers: int = 0, *,
                  mode: Mode = "auto") -> None:
         if workers < 0:
             raise ValueError(f"workers = {workers}: expected >= 0 (0 = one per CPU core)")
+        if mode not in _MODES:
+            raise ValueError(f"mode = {mode!r}: expected one of {', '.join(_MODES)}")
         self.trace_cfg, self.sandbox_cfg = trace, sandbox
         self.n_workers = workers or os.cpu_count() or 1
         self.requested_mode = mode
@@ -285,6 +304,9 @@ class TracerPool:
         self._isolation = ""
         self._workers: list[_Worker] = []
         self._uids = _uids(self.n_workers)
+        # A sample whose worker dies is run again on a fresh one this many times in all (a dying
+        # worker is our fault, not the sample's; a sample that kills workers ends as `error`).
+        self.attempts = 2
 
     # -- lifecycle
     def __enter__(self) -> TracerPool:
@@ -345,7 +367,7 @@ class TracerPool:
         self.start()
         source = iter(enumerate(samples))
         idle = list(range(len(self._workers)))
-        inflight: dict[int, tuple[int, Sample, float]] = {}  # worker index -> (sample index, sample, sent)
+        inflight: dict[int, tuple[int, Sample, float, int]] = {}  # worker -> (index, sample, sent, attempt)
         ready: dict[int, TraceResult] = {}
         next_out, exhausted = 0, False
         ahead = 256 + 64 * len(self._workers)  # results held for in-order output, at most
@@ -362,9 +384,7 @@ class TracerPool:
                     if pre is not None:
                         ready[idx] = pre
                         continue
-                    wi = idle.pop()
-                    self._workers[wi].send(_run_msg(idx, sample))
-                    inflight[wi] = (idx, sample, time.monotonic())
+                    self._dispatch(idle.pop(), idx, sample, 1, inflight)
                 while next_out in ready:
                     yield ready.pop(next_out)
                     next_out += 1
@@ -378,10 +398,18 @@ class TracerPool:
             while inflight:
                 self._collect(inflight, idle, {}, grace)
 
+    def _dispatch(self, wi: int, idx: int, sample: Sample, attempt: int, inflight: dict) -> None:
+        try:
+            self._workers[wi].send(_run_msg(idx, sample))
+        except OSError:  # it died while idle: a fresh one takes the sample
+            self._replace(wi)
+            self._workers[wi].send(_run_msg(idx, sample))
+        inflight[wi] = (idx, sample, time.monotonic(), attempt)
+
     def _collect(self, inflight: dict, idle: list[int], ready: dict, grace: float) -> None:
         """Wait for at least one in-flight result (or a dead/hung worker) and file it."""
         fds = {self._workers[wi].rfd: wi for wi in inflight}
-        oldest = min(sent for _, _, sent in inflight.values())
+        oldest = min(sent for _, _, sent, _ in inflight.values())
         timeout = max(0.0, oldest + grace - time.monotonic())
         readable = select.select(list(fds), [], [], timeout)[0]
         for fd in readable:
@@ -391,9 +419,16 @@ class TracerPool:
             msg = worker.pop()
             if msg is None and alive:
                 continue  # part of a message: wait for the rest
-            idx, sample, _ = inflight.pop(wi)
+            idx, sample, _, attempt = inflight.pop(wi)
             if msg is None:
-                ready[idx] = _failed(sample.sample_id, "error", f"sandbox worker died: {worker.stderr_tail()}")
+                why = worker.stderr_tail()
+                self._replace(wi)
+                if attempt < self.attempts:
+                    self._dispatch(wi, idx, sample, attempt + 1, inflight)
+                    continue
+                ready[idx] = _failed(sample.sample_id, "error", f"sandbox worker died ({attempt} times): {why}")
+            elif msg.get("id") != idx:  # never expected: the worker is out of step, so replace it
+                ready[idx] = _failed(sample.sample_id, "error", f"sandbox worker answered for {msg.get('id')!r}")
                 self._replace(wi)
             else:
                 ready[idx] = _result(sample.sample_id, msg)
@@ -401,7 +436,7 @@ class TracerPool:
                     self._replace(wi)
             idle.append(wi)
         now = time.monotonic()
-        for wi, (idx, sample, sent) in list(inflight.items()):
+        for wi, (idx, sample, sent, _) in list(inflight.items()):
             if now - sent > grace:
                 inflight.pop(wi)
                 ready[idx] = _failed(sample.sample_id, "error", f"sandbox worker did not answer in {grace:g} s")

@@ -1,7 +1,7 @@
 """The CWM-style `sys.settrace` tracer: runs one sample inside the sandboxed child, streams events.
 
     (in the child, once the sandbox is set up by codi.tracing.worker)
-    run_sample(job, fd)        # never returns: writes the event stream to fd, then os._exit
+    run_sample(job, fd, flush_output)   # never returns: streams the events to fd, then os._exit
 
 Order: the program is compiled as "<program>" and executed in a fresh module named `program`
 (so `if __name__ == "__main__":` blocks do not run), then `setup` ("<setup>"), then the arguments
@@ -37,7 +37,8 @@ stream written by a hostile program is not defended against beyond the worker's 
 Stream (read by codi.tracing.worker.parse_stream): batches `B<pid>,<nbytes>;<records>`, each one
 os.write, records being comma-separated ASCII JSON arrays: `["c"|"l", sid, lineno, name, repr,
 ...]`, `["r"|"x", sid, lineno, repr]`, `["E", status, reason]` (the end marker), `["M", "1"|"0"|""]`
-(the expected-value comparison). The worker parses a batch with one json.loads.
+(the expected-value comparison, made after the end marker is written, so that a user `__eq__`
+that hangs or crashes cannot cost the trace). The worker parses a batch with one json.loads.
 """
 
 from __future__ import annotations

@@ -191,8 +191,11 @@ class Worker:
         self.notes: list[str] = []
         self.recycle = ""
         self.devnull = os.open(os.devnull, os.O_RDWR)
-        self.tmp_base = ""
+        # samples' temp dirs go here: the private /tmp in a mount namespace, else a directory
+        # the parent made (and removes, even if this worker is killed)
+        self.tmp_base: str = init.get("tmp_base") or "/tmp"
         self.count = 0
+        self.vm = 0
 
     def setup(self, preload: bool) -> None:
         if preload:
@@ -206,11 +209,8 @@ class Worker:
             self.notes += limits.private_mounts(tmp_mb, hide)
             if self.mode == "namespaces":
                 limits.drop_bounding_set()
-            self.tmp_base = "/tmp"
         else:
             limits.child_subreaper()
-            self.tmp_base = f"/tmp/codi-sandbox-{os.getpid()}-{time.time_ns()}"
-            os.mkdir(self.tmp_base, 0o711)
         limits.no_new_privs()
         gc.collect()
         gc.freeze()  # forked children never touch the worker's objects' GC headers (copy-on-write)
@@ -226,7 +226,6 @@ class Worker:
         os.mkdir(tmp, 0o700)  # fails if it exists: never a directory the previous sample prepared
         if self.uid is not None:
             os.chown(tmp, self.uid, self.uid)
-        os.chmod(tmp, 0o700)
         ev_r, ev_w = os.pipe()
         out_r, out_w = os.pipe()
         self.vm = limits.vm_bytes()  # what the child inherits; RLIMIT_AS adds memory_mb to it
@@ -501,8 +500,6 @@ def main(argv: list[str]) -> int:
         write_msg(wfd, worker.run(msg))
         if once or worker.recycle:
             break
-    if worker.mode == "process":
-        shutil.rmtree(worker.tmp_base, ignore_errors=True)
     return 0
 
 

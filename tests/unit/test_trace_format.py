@@ -30,7 +30,7 @@ def frames(draw) -> Frame:
     return Frame(kind, line, value=encode_value(draw(text)))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(frames(), max_size=12))
 def test_frames_text_frames_identity(fs: list[Frame]) -> None:
     text_ = render_trace(fs)

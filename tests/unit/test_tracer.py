@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 
 import pytest
 
@@ -229,3 +231,31 @@ def test_a_result_over_max_result_bytes_is_cut_to_fit() -> None:
     assert r.status == "truncated" and "max_result_bytes=4096" in r.reason
     assert 0 < len(r.frames) < 200 and r.return_repr is None
     assert len(render_trace(list(r.frames)).encode()) < 4096
+
+
+def test_a_dead_worker_is_replaced_and_its_sample_run_again() -> None:
+    slow = sample("import time\ndef f():\n    time.sleep(1.5)\n    return 5\n", "f()")
+    good = sample(DESIGN_EXAMPLE, "f(1, 3)", expected="6")
+    with TracerPool(TraceConfig(), SANDBOX, workers=1) as p:
+        die = lambda: os.killpg(p._workers[0].proc.pid, signal.SIGKILL)
+        timer = threading.Timer(0.5, die)  # the worker dies while the sample runs
+        timer.start()
+        rerun, after = p.trace([slow, good])
+        timer.join()
+        die()  # dies while idle
+        [again] = p.trace([good])
+        p.attempts = 1  # no second chance: the sample is an error row
+        timer = threading.Timer(0.5, die)
+        timer.start()
+        [died] = p.trace([slow])
+        timer.join()
+    assert (rerun.status, rerun.return_repr) == ("ok", "5")
+    assert (after.status, after.match, again.status, again.match) == ("ok", True, "ok", True)
+    assert died.status == "error" and "worker died" in died.reason
+
+
+def test_stopping_early_leaves_the_pool_in_step(pool) -> None:
+    samples = [sample(DESIGN_EXAMPLE, f"f({i}, 2)", sid=f"s{i}") for i in range(6)]
+    for r in pool.trace(samples):
+        break
+    assert [r.sample_id for r in pool.trace(samples)] == [s.sample_id for s in samples]
