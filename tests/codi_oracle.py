@@ -1,6 +1,6 @@
 """The per-example oracle of the codi model, and tiny fixtures to test and benchmark it.
 
-`oracle_forward(model, examples, ss_prob, ss_rng)` computes what seg/train_codi.py's CodiModel computes,
+`oracle_forward(model, examples, ss_prob, ss_rng)` computes what seed/train_codi.py's CodiModel computes,
 one example at a time and one model call per segment, on the weights of a `codi.modeling.CodiModel`
 (its base, projector and options). It is deliberately plain: the reference's loop, the transformers 5
 API (`cache=`), nothing shared with the batched code under test except the weights.
@@ -41,9 +41,11 @@ def _select(hs, layers):
 
 def _teacher(model, full, labels, kd_pos):
     base, head, layers = model.model, model.model.lm_head, _kd_layers(model)
-    pos = torch.tensor(kd_pos)
+    pos = torch.tensor(kd_pos, device=full.device)
     tch = model.frozen_teacher
     if tch is not None:  # frozen teacher: KD targets only, no teacher CE
+        if next(tch.parameters()).device != full.device:
+            tch.to(full.device)
         with torch.no_grad():
             if model.kd_target == "logit":
                 return None, [tch(input_ids=full[None], use_cache=False).logits[0, pos]]
@@ -67,13 +69,13 @@ def _teacher(model, full, labels, kd_pos):
 
 def _latent_block(model, cache):
     body, head, emb = model.model.model, model.model.lm_head, model.model.get_input_embeddings()
-    ids = model.token_ids
-    o = body(inputs_embeds=emb(torch.tensor([[ids.latent_start]])), cache=cache, use_cache=True)
+    ids, dev = model.token_ids, emb.weight.device
+    o = body(inputs_embeds=emb(torch.tensor([[ids.latent_start]], device=dev)), cache=cache, use_cache=True)
     cache, h = o.cache, o.last_hidden_state[:, -1:]
     for _ in range(model.latent_steps):
         o = body(inputs_embeds=model.projector(h), cache=cache, use_cache=True)
         cache, h = o.cache, o.last_hidden_state[:, -1:]
-    o = body(inputs_embeds=emb(torch.tensor([[ids.latent_end]])), cache=cache, use_cache=True)
+    o = body(inputs_embeds=emb(torch.tensor([[ids.latent_end]], device=dev)), cache=cache, use_cache=True)
     return o.cache, head(o.last_hidden_state[:, -1])
 
 
@@ -130,12 +132,13 @@ def _kd_loss(model, s_kd, t_kd):
 
 def oracle_forward(model, examples, ss_prob=0.0, ss_rng=None):
     """The reference design, example by example, on `model`'s weights. Returns the same dict as CodiModel."""
+    dev = model.model.get_input_embeddings().weight.device
     tl = sl = kl = 0.0
     for ex in examples:
-        prompt, trace = torch.tensor(ex["prompt_ids"]), torch.tensor(ex["trace_ids"])
+        prompt, trace = torch.tensor(ex["prompt_ids"], device=dev), torch.tensor(ex["trace_ids"], device=dev)
         spans = [tuple(s) for s in ex["spans"]]
         full = torch.cat([prompt, trace])
-        labels = torch.cat([torch.full((len(prompt),), -100), trace])
+        labels = torch.cat([torch.full((len(prompt),), -100, device=dev), trace])
         kd_pos = [len(prompt) + j for _, j in spans]
         t_ce, t_kd = _teacher(model, full, labels, kd_pos)
         s_ce, s_kd = _student(model, prompt, trace, spans, ss_prob, ss_rng)
@@ -145,13 +148,13 @@ def oracle_forward(model, examples, ss_prob=0.0, ss_rng=None):
         sl, kl = sl + s_ce, kl + _kd_loss(model, s_kd, t_kd)
     n = len(examples)
     loss = model.teacher_ce_weight * tl / n + model.student_ce_weight * sl / n + model.kd_weight * kl / n
-    t_log = (tl / n).detach() if torch.is_tensor(tl) else torch.tensor(0.0)
+    t_log = (tl / n).detach() if torch.is_tensor(tl) else torch.tensor(0.0, device=dev)
     return {"loss": loss, "teacher_loss": t_log, "student_loss": (sl / n).detach(), "kd_loss": (kl / n).detach()}
 
 
 def oracle_latent_block(model, prefix_ids):
     """Logits after a latent block appended to `prefix_ids` (one example): the reference's _latent_block."""
-    out = model.model(input_ids=torch.tensor([prefix_ids]), use_cache=True)
+    out = model.model(input_ids=torch.tensor([prefix_ids], device=model.model.device), use_cache=True)
     return _latent_block(model, out.cache)[1][0]
 
 

@@ -10,9 +10,11 @@ Training (`CodiModel`) and the latent decoder must compute the same recurrence, 
 `latent_block` is what a decoder calls when a row has just emitted `<|line_sep|>`: it appends the
 latent_start embedding, then `steps` recurrent latents (each = projector(last hidden of the previous
 position, post-final-norm, i.e. `last_hidden_state`)), then the latent_end embedding, and returns the
-post-norm hidden of latent_end. Training fuses the same calls differently (latent_start rides on the
-text block before it, latent_end on the one after: fewer model calls) but runs `latent_recurrence`
-for the latents themselves, and the test suite proves the fused and unfused forms equal.
+post-norm hidden of latent_end. Training fuses the same computation into fewer calls (latent_start
+rides on the text block before it; the last latent and latent_end on the text block after it, since
+that latent's input is known before the call) and runs `latent_recurrence` for the other latents;
+tests/unit/test_modeling.py proves this primitive equal to the reference's latent block, and the
+equivalence tests prove the fused training form equal to the reference.
 
 PaddedRows keeps a KV cache whose slots are shared by all rows: each `step` appends `n` slots to every
 row, some of them padding. A 2-D attention mask over past+new slots hides the padding and explicit
@@ -94,6 +96,26 @@ class PaddedRows:
         self.cache, self.mask = out.cache, mask
         self.next_pos = self.next_pos + real.to(self.device).long().sum(1)
         return out.last_hidden_state, (out.hidden_states if hidden_layers else None)
+
+    def compact(self, min_saving: float = 0.1) -> bool:
+        """Move each row's real slots to the front of the cache and drop the slots that are then
+        padding in every row, when that shortens the cache by at least `min_saving`; True if done.
+
+        Exact: keys already carry their rotary phase and the mask follows them, so attention sees the
+        same keys and values; the real slots keep their order, so causality is unchanged. Shortens
+        every later call's attention (and the keys/values it saves for backward)."""
+        counts = self.mask.sum(1)  # [B]
+        width = int(counts.max())
+        if self.cache is None or width > (1.0 - min_saving) * self.length:
+            return False
+        # Stable sort of "is padding" puts each row's real slots first, in their order.
+        order = torch.sort((~self.mask).to(torch.uint8), dim=1, stable=True).indices[:, :width]  # [B, W']
+        for layer in self.cache.layers:
+            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, idx)
+            layer.values = layer.values.gather(2, idx)
+        self.mask = torch.arange(width, device=self.device)[None] < counts[:, None]
+        return True
 
     @torch.no_grad()
     def peek(self, embeds: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

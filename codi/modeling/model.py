@@ -7,8 +7,9 @@
 
 Per batch: one teacher forward over padded prompt+trace (activation-checkpointed, KD targets taken
 from the same pass, detached), then the student in rounds (frame k of every example together): one
-model call per text round [latent_end + text + latent_start] and one per latent step, so the number of
-model calls is 2 + max_frames * (latent_steps + 1) (+1 per round with scheduled sampling), independent
+model call per text round [last latent + latent_end + text + latent_start] and one per other latent
+step, so the number of
+model calls is 2 + max_frames * max(1, latent_steps) (+1 per round with scheduled sampling), independent
 of the batch size. Semantics and their proof: tests/unit/test_modeling_equivalence.py against the
 per-example oracle tests/codi_oracle.py.
 
@@ -233,8 +234,11 @@ class CodiModel(nn.Module):
         ids = torch.full((n, width), self.token_ids.pad, dtype=torch.long)
         for e, f in enumerate(full):
             ids[e, :len(f)] = torch.tensor(f)
-        lens = torch.tensor([len(f) for f in full])
-        mask = (torch.arange(width)[None] < lens[:, None]).to(dev)  # [n, T] right padding
+        # Right padding and no attention mask: under the causal mask a real token never sees the pads
+        # after it, so real positions compute what they would alone, and sdpa keeps its causal fast
+        # path (a padding mask makes it compute every block: ~1.5x slower teacher). Pad positions'
+        # outputs are finite (they see real tokens) and never used.
+        mask = None
         pos = torch.arange(width, device=dev).expand(n, width)
         ids = ids.to(dev)
         anchors = torch.tensor([e * width + a for e, p in enumerate(plans) for a in p.teacher_anchors], device=dev)
@@ -280,9 +284,12 @@ class CodiModel(nn.Module):
 
     # ----------------------------------------------------------------------------------- student
     def _student(self, plans: list[ExamplePlan], flags: list[list[bool]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(per-example CE [n], student KD hiddens [A, L, H] in (example, span) order)."""
+        """(per-example CE [n], student KD hiddens [A, L, H] in (example, span) order).
+
+        Round k >= 1 runs latent steps 1..latent_steps-1 as one-slot calls, then one call for
+        [last latent, LE, text, LS]: the last latent's input (projector of the previous hidden) is
+        known before that call, and LE attends to it causally within the call, so fusing it is exact."""
         dev, n = self.device, len(plans)
-        pad = self.token_ids.pad
         n_rounds = max(p.n_spans for p in plans) + 1
         offsets = [0]
         for p in plans:
@@ -290,48 +297,46 @@ class CodiModel(nn.Module):
         rows = PaddedRows(self.body, n, dev)
         ce_hidden, ce_tgt, ce_ex = [], [], []
         kd_parts, kd_order = [], []
-        h = None  # [n, H] last hidden at latent_start, input of the next latent step
+        h = None  # [n, H] post-norm hidden feeding the next latent (latent_start's, then each latent's)
         req = self._requested(self.student_layers, self.n_states)
+        zero = torch.zeros((), dtype=self.model.get_input_embeddings().weight.dtype, device=dev)
         with activation_checkpointing(self.model, False):
             for k in range(n_rounds):
                 active = [e for e, p in enumerate(plans) if k < len(p.rounds)]
-                if k > 0:
-                    act = torch.zeros(n, dtype=torch.bool)
-                    act[active] = True
-                    h = latent_recurrence(rows, self.projector, h, self.latent_steps, act.to(dev))
-                width = max(len(plans[e].rounds[k].tokens) for e in active)
-                ids = torch.full((n, width), pad, dtype=torch.long)
-                real = torch.zeros(n, width, dtype=torch.bool)
-                last_slot = torch.zeros(n, dtype=torch.long)
-                replace = torch.zeros(n, width, dtype=torch.bool)
+                act = torch.zeros(n, dtype=torch.bool)
+                act[active] = True
+                act = act.to(dev)
+                fuse = 1 if k > 0 and self.latent_steps > 0 else 0  # slot 0 holds the round's last latent
+                rows.compact()
+                if fuse:
+                    h = latent_recurrence(rows, self.projector, h, self.latent_steps - 1, act)
+                ids, real, replace, last_slot, tgt_idx, width = self._round_block(plans, flags, active, k, fuse)
                 for e in active:
-                    r = plans[e].rounds[k]
-                    ids[e, :len(r.tokens)] = torch.tensor(r.tokens)
-                    real[e, :len(r.tokens)] = True
-                    last_slot[e] = len(r.tokens) - 1
-                    a, b = r.ss_slots
-                    if k > 0 and flags[e][k - 1] and b > a:
-                        replace[e, a:b] = True
-                    ce_tgt.extend(t for _, t in r.targets)
-                    ce_ex.extend([e] * len(r.targets))
+                    ce_tgt.extend(t for _, t in plans[e].rounds[k].targets)
+                    ce_ex.extend([e] * len(plans[e].rounds[k].targets))
                 ids, real = ids.to(dev), real.to(dev)
-                if bool(replace.any()):
+
+                def embed_block(block_ids: torch.Tensor) -> torch.Tensor:
+                    emb = self.embed(block_ids)  # [n, W, H]
+                    if not fuse:
+                        return emb
+                    latent = torch.where(act[:, None], self.projector(h), zero)  # idle rows: zero input
+                    return torch.cat([latent[:, None], emb[:, 1:]], dim=1)
+
+                if replace is not None:
                     # Scheduled sampling: the student's own argmax on the ground truth (no grad, detached
                     # cache); slot t takes the prediction made at slot t-1. CE targets stay ground truth.
-                    pred = self.head(rows.peek(self.embed(ids), real)).argmax(-1)  # [n, W]
+                    pred = self.head(rows.peek(embed_block(ids), real)).argmax(-1)  # [n, W]
                     shifted = torch.cat([ids[:, :1], pred[:, :-1]], dim=1)
                     ids = torch.where(replace.to(dev), shifted, ids)
-                last, hs = rows.step(self.embed(ids), real, hidden_layers=req if k > 0 else None)
-                flat_idx = torch.tensor([e * width + s for e in active for s, _ in plans[e].rounds[k].targets],
-                                        device=dev)
-                ce_hidden.append(last.flatten(0, 1)[flat_idx])
+                last, hs = rows.step(embed_block(ids), real, hidden_layers=req if k > 0 else None)
+                ce_hidden.append(last.flatten(0, 1)[torch.tensor(tgt_idx, device=dev)])
                 if k > 0:
-                    anchor_idx = torch.tensor([e * width + 1 for e in active], device=dev)
-                    out = _Out(last, hs)
-                    kd_parts.append(self._gather_layers(out, self.student_layers, self.n_states, anchor_idx))
+                    anchor_idx = torch.tensor([e * width + fuse + plans[e].rounds[k].anchor for e in active], device=dev)
+                    kd_parts.append(self._gather_layers(_Out(last, hs), self.student_layers, self.n_states, anchor_idx))
                     kd_order.extend(offsets[e] + k - 1 for e in active)
                 if k + 1 < n_rounds:
-                    h = last[torch.arange(n, device=dev), last_slot.to(dev)]
+                    h = last[torch.arange(n, device=dev), last_slot.to(dev)]  # latent_start's hidden
         ce = token_ce(torch.cat(ce_hidden), self.head, torch.tensor(ce_tgt, device=dev))
         s_ce = per_example_mean(ce, torch.tensor(ce_ex, device=dev), n)
         # Rounds collect anchors (round, example)-major; reorder to the teacher's (example, span) order.
@@ -340,6 +345,28 @@ class CodiModel(nn.Module):
             inv[g] = at
         s_kd = torch.cat(kd_parts)[torch.tensor(inv, device=dev)]
         return s_ce, s_kd
+
+    def _round_block(self, plans: list[ExamplePlan], flags: list[list[bool]], active: list[int], k: int, fuse: int):
+        """Host-side tensors of round k: ids [n, W] (slot 0 a placeholder when fused), real [n, W],
+        scheduled-sampling replace mask [n, W] or None, last slot [n], flat CE slot indices, W."""
+        n, pad = len(plans), self.token_ids.pad
+        width = fuse + max(len(plans[e].rounds[k].tokens) for e in active)
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        real = torch.zeros(n, width, dtype=torch.bool)
+        replace = torch.zeros(n, width, dtype=torch.bool)
+        last_slot = torch.zeros(n, dtype=torch.long)
+        tgt_idx: list[int] = []
+        for e in active:
+            r = plans[e].rounds[k]
+            end = fuse + len(r.tokens)
+            ids[e, fuse:end] = torch.tensor(r.tokens)
+            real[e, :end] = True
+            last_slot[e] = end - 1
+            a, b = r.ss_slots
+            if k > 0 and flags[e][k - 1] and b > a:
+                replace[e, fuse + a:fuse + b] = True
+            tgt_idx.extend(e * width + fuse + slot for slot, _ in r.targets)
+        return ids, real, (replace if bool(replace.any()) else None), last_slot, tgt_idx, width
 
 
 class _Out:

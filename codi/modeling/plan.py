@@ -16,7 +16,8 @@ Every slot's next-token logit is trained on the next trace token except the one 
 (it would predict the dropped locals) and the last of the trace; LE's logit predicts T[j_k]. The KD
 anchor of round k >= 1 is slot 1 (T[j_k], the `<|action_sep|>`). This equals the reference's
 segment loop (a text segment, then latent_start / latents / latent_end) with latent_start fused onto
-the text before it and latent_end onto the text after it.
+the text before it and latent_end onto the text after it (CodiModel also moves the last latent of
+each block into the round after it: slots shift by one there).
 """
 
 from __future__ import annotations

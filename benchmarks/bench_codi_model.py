@@ -1,0 +1,177 @@
+"""Benchmark: batched CodiModel vs the per-example oracle (the reference design), forward+backward.
+
+    python benchmarks/bench_codi_model.py                       # CPU, 1 thread, batch 8, 16/32 frames, latent 1/3
+    python benchmarks/bench_codi_model.py --device cuda --batch 32 --dtype bf16
+
+Model: the embedded default's shape (params.yaml model.tiny: hidden 128, 4 layers, 4 heads, 2 kv heads,
+MLP 512, vocab 2048, tied), random weights. Examples: synthetic traces with the given number of LINE
+frames (plus call/return frames), prompts of 60-160 tokens. Both implementations run in this one
+process on the same weights and batches; the table reports examples/s (forward + backward), peak
+memory above the pre-run baseline (CPU: sampled RSS; CUDA: torch.cuda.max_memory_allocated), base
+model calls per batch, and the relative difference of the two losses (a sanity check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from codi.modeling import CodiModel  # noqa: E402
+from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, tiny_base  # noqa: E402
+
+
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the baseline may include retained free memory
+        pass
+
+
+class PeakRSS:
+    """Peak resident memory of this process while the block runs, sampled every millisecond."""
+
+    def __enter__(self):
+        gc.collect()
+        _malloc_trim()  # hand freed pages back, so the baseline is live memory, not the warm-up's peak
+        self.proc = psutil.Process()
+        self.base = self.peak = self.proc.memory_info().rss
+        self.stop = False
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while not self.stop:
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def extra_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+class PeakCUDA:
+    def __enter__(self):
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        self.base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize()
+        self.peak = torch.cuda.max_memory_allocated()
+
+    @property
+    def extra_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def step(fn, model):
+    model.zero_grad(set_to_none=True)
+    out = fn()
+    out["loss"].backward()
+    return float(out["loss"].detach())
+
+
+def measure(fn, model, device, repeats):
+    """(examples/s numerator time, peak extra MB, last loss) of `repeats` forward+backward runs."""
+    step(fn, model)  # warm-up (kernels, allocator, hidden-state hooks)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    tracker = PeakCUDA() if device.type == "cuda" else PeakRSS()
+    with tracker:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            loss = step(fn, model)
+        sync()
+        dt = time.perf_counter() - t0
+    return dt / repeats, tracker.extra_mb, loss
+
+
+def count_calls(model, fn):
+    calls = []
+    h = model.model.model.register_forward_hook(lambda *a: calls.append(1))
+    with torch.no_grad():
+        fn()
+    h.remove()
+    return len(calls)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--frames", type=int, nargs="+", default=[16, 32])
+    ap.add_argument("--latent-steps", type=int, nargs="+", default=[1, 3])
+    ap.add_argument("--repeats", type=int, default=2, help="timed batches per cell (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--no-oracle", action="store_true", help="time the batched model only")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    print(f"device={device} dtype={args.dtype} batch={args.batch} threads={args.threads} repeats={args.repeats} "
+          f"torch={torch.__version__}", flush=True)
+    rows = []
+    for frames in args.frames:
+        rng = random.Random(args.seed + frames)
+        examples = [make_example(rng, frames, vocab=2048, prompt_len=(60, 160), locals_len=(3, 12), code_len=(4, 14))
+                    for _ in range(args.batch)]
+        n_tok = sum(len(e["prompt_ids"]) + len(e["trace_ids"]) for e in examples) / len(examples)
+        for ls in args.latent_steps:
+            base = tiny_base(seed=args.seed, vocab=2048, hidden=128, layers=4, heads=4, kv_heads=2,
+                             intermediate=512, init=0.02).to(device=device, dtype=dtype)
+            model = CodiModel(base, TOKEN_IDS, latent_steps=ls, teacher_ce_weight=1.0, student_ce_weight=1.0,
+                              kd_weight=1.0)
+            b_t, b_mem, b_loss = measure(lambda: model(examples), model, device, args.repeats)
+            b_calls = count_calls(model, lambda: model(examples))
+            row = dict(frames=frames, ls=ls, tok=n_tok, b_eps=args.batch / b_t, b_mem=b_mem, b_calls=b_calls)
+            if not args.no_oracle:
+                o_t, o_mem, o_loss = measure(lambda: oracle_forward(model, examples), model, device, args.repeats)
+                row.update(o_eps=args.batch / o_t, o_mem=o_mem, o_calls=count_calls(model, lambda: oracle_forward(model, examples)),
+                           diff=abs(b_loss - o_loss) / abs(o_loss))
+            rows.append(row)
+            print(f"  done frames={frames} latent_steps={ls}", flush=True)
+            del model, base
+            gc.collect()
+
+    mem = "peak CUDA MB" if device.type == "cuda" else "peak RSS MB"
+    if args.no_oracle:
+        print(f"\n| LINE frames | latent_steps | tokens/ex | batched ex/s | batched {mem} | calls/batch |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['frames']} | {r['ls']} | {r['tok']:.0f} | {r['b_eps']:.2f} | {r['b_mem']:.0f} | {r['b_calls']} |")
+        return rows
+    print(f"\n| LINE frames | latent_steps | tokens/ex | oracle ex/s | batched ex/s | speedup | oracle {mem} | "
+          f"batched {mem} | calls/batch oracle | calls/batch batched | loss rel diff |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['frames']} | {r['ls']} | {r['tok']:.0f} | {r['o_eps']:.2f} | {r['b_eps']:.2f} | "
+              f"{r['b_eps'] / r['o_eps']:.1f}x | {r['o_mem']:.0f} | {r['b_mem']:.0f} | {r['o_calls']} | "
+              f"{r['b_calls']} | {r['diff']:.1e} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
