@@ -4,7 +4,7 @@ and the imports that must happen before a child loses the right to read the inte
     from codi.tracing import limits
     limits.preload(); limits.private_mounts(tmp_mb=64)   # in the worker, in its new mount namespace
     limits.import_named_modules(program, setup)          # in the per-sample child, then
-    limits.apply_rlimits(sandbox_cfg, base_vm)
+    limits.apply_rlimits(limits.rlimits(sandbox_cfg, base_vm))
     limits.drop_to_uid(60123)                 # or limits.drop_capabilities() in a user namespace
 
 Used by codi.tracing.worker; nothing here runs untrusted code. The thin ctypes wrappers exist
@@ -199,25 +199,35 @@ def vm_bytes() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _lower(which: int, soft: int, hard: int | None = None) -> None:
-    cur_soft, cur_hard = resource.getrlimit(which)
-    hard = soft if hard is None else hard
+def _within_hard(which: int, soft: int, hard: int) -> tuple[int, int]:
+    """(soft, hard) lowered to the current hard limit, which nobody here may raise."""
+    cur_hard = resource.getrlimit(which)[1]
     if cur_hard != resource.RLIM_INFINITY:
         hard = min(hard, cur_hard)
         soft = min(soft, hard)
-    resource.setrlimit(which, (soft, hard))
+    return soft, hard
 
 
-def apply_rlimits(cfg: SandboxConfig, base_vm: int) -> None:
-    """Per-sample limits. RLIMIT_AS allows `memory_mb` on top of `base_vm`, the forked worker's
-    footprint (a limit on the total would depend on how much the worker happens to have imported)."""
+def rlimits(cfg: SandboxConfig, base_vm: int) -> list[tuple[int, tuple[int, int]]]:
+    """The per-sample limits, computed once in the worker; apply_rlimits sets them in each child.
+
+    RLIMIT_AS allows `memory_mb` on top of `base_vm`, the forked worker's footprint (a limit on the
+    total would depend on how much the worker happens to have imported)."""
     mb = 1 << 20
-    _lower(resource.RLIMIT_CPU, cfg.cpu_time_s, cfg.cpu_time_s + 1)  # SIGXCPU, then SIGKILL
-    _lower(resource.RLIMIT_AS, base_vm + cfg.memory_mb * mb)
-    _lower(resource.RLIMIT_FSIZE, cfg.max_file_mb * mb)
-    _lower(resource.RLIMIT_NPROC, cfg.max_processes)
-    _lower(resource.RLIMIT_CORE, 0)
-    _lower(resource.RLIMIT_NOFILE, 256)
+    wanted = [
+        (resource.RLIMIT_CPU, cfg.cpu_time_s, cfg.cpu_time_s + 1),  # SIGXCPU, then SIGKILL
+        (resource.RLIMIT_AS, base_vm + cfg.memory_mb * mb, base_vm + cfg.memory_mb * mb),
+        (resource.RLIMIT_FSIZE, cfg.max_file_mb * mb, cfg.max_file_mb * mb),
+        (resource.RLIMIT_NPROC, cfg.max_processes, cfg.max_processes),
+        (resource.RLIMIT_CORE, 0, 0),
+        (resource.RLIMIT_NOFILE, 256, 256),
+    ]
+    return [(which, _within_hard(which, soft, hard)) for which, soft, hard in wanted]
+
+
+def apply_rlimits(limits: list[tuple[int, tuple[int, int]]]) -> None:
+    for which, pair in limits:
+        resource.setrlimit(which, pair)
 
 
 def drop_to_uid(uid: int) -> None:

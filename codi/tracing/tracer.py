@@ -303,8 +303,7 @@ def _describe(e: BaseException) -> str:
 
 def _compile(text: str, filename: str, what: str):
     try:
-        tree = ast.parse(text, filename)
-        return tree, compile(tree, filename, "exec", dont_inherit=True)
+        return compile(text, filename, "exec", dont_inherit=True)
     except SyntaxError as e:
         raise SampleError("syntax_error", f"{what} line {e.lineno}: {e.msg}") from None
     except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
@@ -440,9 +439,9 @@ def run_sample(job: Job, fd: int, flush_output) -> NoReturn:
     result = ns = None
     try:
         call = _Call(job.call)
-        tree, code = _compile(job.program, PROGRAM_FILE, "program")
-        setup = _compile(job.setup, "<setup>", "setup")[1] if job.setup.strip() else None
-        def_lines = _def_lines(tree) if "@" in job.program else {}
+        code = _compile(job.program, PROGRAM_FILE, "program")
+        setup = _compile(job.setup, "<setup>", "setup") if job.setup.strip() else None
+        def_lines = _def_lines(ast.parse(job.program)) if "@" in job.program else {}
         module = types.ModuleType(MODULE_NAME)
         sys.modules[MODULE_NAME] = module
         ns = module.__dict__

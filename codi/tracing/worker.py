@@ -195,15 +195,18 @@ class Worker:
         # the parent made (and removes, even if this worker is killed)
         self.tmp_base: str = init.get("tmp_base") or "/tmp"
         self.count = 0
-        self.vm = 0
+        self.limits: list = []
 
     def setup(self, preload: bool) -> None:
         if preload:
             limits.preload()
+        home = os.environ.get("HOME", "")
+        # What every sample's environment holds (HOME and TMPDIR are set per sample).
+        os.environ.clear()
+        os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"})
         # Nothing the child imports may come from a relative directory (its cwd is the sample's).
         sys.path[:] = [p for p in sys.path if p and os.path.isabs(p)]
         if self.mode in ("namespaces", "userns"):
-            home = os.environ.get("HOME", "")
             hide = (home,) if self.mode == "userns" and home else ()
             tmp_mb = max(64, 4 * self.sandbox.max_file_mb)
             self.notes += limits.private_mounts(tmp_mb, hide)
@@ -228,7 +231,8 @@ class Worker:
             os.chown(tmp, self.uid, self.uid)
         ev_r, ev_w = os.pipe()
         out_r, out_w = os.pipe()
-        self.vm = limits.vm_bytes()  # what the child inherits; RLIMIT_AS adds memory_mb to it
+        # what the child inherits; RLIMIT_AS adds memory_mb to it
+        self.limits = limits.rlimits(self.sandbox, limits.vm_bytes())
         pid = os.fork()
         if pid == 0:
             try:
@@ -284,12 +288,11 @@ class Worker:
                 except OSError:
                     pass  # the listing's own fd
         os.chdir(tmp)
-        os.environ.clear()
-        os.environ.update({"HOME": tmp, "TMPDIR": tmp, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        os.environ["HOME"] = os.environ["TMPDIR"] = tmp  # (the rest was set once, in setup)
         limits.import_named_modules(job.program, job.setup)
         if "tempfile" in sys.modules:
             sys.modules["tempfile"].tempdir = tmp
-        limits.apply_rlimits(self.sandbox, self.vm)
+        limits.apply_rlimits(self.limits)
         if self.uid is not None:
             limits.drop_to_uid(self.uid)
         elif self.mode == "userns":
@@ -414,8 +417,18 @@ class Worker:
             self.recycle = "the sample left processes that could not be killed"
         try:
             shutil.rmtree(tmp)
-        except OSError as e:
-            self.recycle = f"cannot remove the sample's temp dir: {e}"
+        except OSError:
+            # e.g. a directory the sample made unreadable (chmod 000): what its owner may undo
+            for root, dirs, _ in os.walk(tmp):
+                for d in dirs:
+                    try:
+                        os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+                    except OSError:
+                        pass
+            try:
+                shutil.rmtree(tmp)
+            except OSError as e:
+                self.recycle = f"cannot remove the sample's temp dir: {e}"
 
     @staticmethod
     def _reap() -> bool:
