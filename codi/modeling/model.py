@@ -5,13 +5,15 @@
     out = model(examples, ss_prob=ss_ramp(step, max_steps, cfg.ss_prob, cfg.ss_ramp_frac), ss_rng=rng)
     out["loss"].backward()        # out also holds teacher_loss, student_loss, kd_loss (detached)
 
-Per batch: one teacher forward over padded prompt+trace (activation-checkpointed, KD targets taken
-from the same pass, detached), then the student in rounds (frame k of every example together): one
-model call per text round [last latent + latent_end + text + latent_start] and one per other latent
-step, so the number of
-model calls is 2 + max_frames * max(1, latent_steps) (+1 per round with scheduled sampling), independent
-of the batch size. Semantics and their proof: tests/unit/test_modeling_equivalence.py against the
-per-example oracle tests/codi_oracle.py.
+Per batch: one teacher forward over right-padded prompt+trace (activation-checkpointed; KD targets
+taken from the same pass, detached), then the student in rounds, frame k of every example together
+(codi.modeling.plan): one model call per text round [last latent, latent_end, text, latent_start] and
+one per other latent step, on a PaddedRows state (2-D mask + explicit position_ids; the cache is
+compacted when padding piles up). Model calls per batch: 2 + max_frames * max(1, latent_steps), +1
+per round in which scheduled sampling fires, whatever the batch size. Rows whose example has fewer
+frames idle on padding slots; no query row is ever fully masked (no sdpa NaN). The proof of equality
+with the reference: tests/unit/test_modeling_equivalence.py against the per-example oracle
+tests/codi_oracle.py.
 
 Deliberate differences from the reference, none of which changes an fp32 result:
 - kd_target="logit" with the shared-weight teacher: the reference would crash (it compares student

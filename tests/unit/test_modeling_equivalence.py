@@ -65,7 +65,9 @@ def assert_equal_to_oracle(model, examples, ss_prob=0.0, seed=7, rng_kind="rando
     b_out, b_grads = run(lambda: model(examples, ss_prob=ss_prob, ss_rng=rng()), model)
     for k in LOSS_KEYS:
         o, b = float(o_out[k]), float(b_out[k])
-        assert abs(b - o) <= 1e-5 * max(abs(o), 1e-8) + 1e-9, f"{k}: batched {b!r} vs oracle {o!r}"
+        # 1e-5 relative, with a 1e-6 absolute floor: a KD loss is a small difference of O(1) hiddens, so
+        # fp32 rounding of the hiddens (~1e-6, from different matmul shapes) can exceed 1e-5 of it.
+        assert abs(b - o) <= 1e-5 * abs(o) + 1e-6, f"{k}: batched {b!r} vs oracle {o!r}"
     assert o_grads.keys() == b_grads.keys()
     n_checked = 0
     for name in o_grads:
