@@ -7,8 +7,9 @@ and the imports that must happen before a child loses the right to read the inte
     limits.apply_rlimits(limits.rlimits(sandbox_cfg, base_vm))
     limits.drop_to_uid(60123)                 # or limits.drop_capabilities() in a user namespace
 
-Used by codi.tracing.worker; nothing here runs untrusted code. The thin ctypes wrappers exist
-because the stdlib has no prctl, mount or capset.
+Used by codi.tracing.worker; nothing here runs untrusted code (import_named_modules only imports
+stdlib modules that the untrusted text names). The thin ctypes wrappers exist because the stdlib
+has no prctl, mount or capset.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the worker gets the fields as a namespace: it does not import codi.config (yaml)
@@ -228,6 +230,85 @@ def rlimits(cfg: SandboxConfig, base_vm: int) -> list[tuple[int, tuple[int, int]
 def apply_rlimits(limits: list[tuple[int, tuple[int, int]]]) -> None:
     for which, pair in limits:
         resource.setrlimit(which, pair)
+
+
+# ------------------------------------------------------------------- memory cgroup (v1, as root)
+# RLIMIT_AS bounds one process; a sample of max_processes processes could hold that many times
+# memory_mb. A cgroup bounds them all together (and the tmpfs pages they write). Only the cgroup
+# v1 memory controller is handled (what our machines have); elsewhere the pool goes without.
+_CGROUP_V1 = "/sys/fs/cgroup/memory"
+
+
+def memory_cgroup(name: str, limit_bytes: int) -> str | None:
+    """Create the memory cgroup `name` under our own (so the container's limit still holds),
+    limited to `limit_bytes` of memory (and swap). Its path, or None where that is not possible."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next(line.rstrip("\n").split(":", 2)[2] for line in f
+                       if "memory" in line.split(":", 2)[1].split(","))
+    except (OSError, StopIteration, IndexError):
+        return None
+    parent = f"{_CGROUP_V1}{own.rstrip('/')}"
+    _remove_stale_cgroups(parent)
+    path = f"{parent}/{name}"
+    try:
+        os.mkdir(path)
+    except OSError:
+        return None
+    try:
+        for knob in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if os.path.exists(f"{path}/{knob}"):
+                with open(f"{path}/{knob}", "w") as f:
+                    f.write(str(limit_bytes))
+    except OSError:
+        remove_cgroup(path)
+        return None
+    return path
+
+
+def _remove_stale_cgroups(parent: str) -> None:
+    """Remove `codi-sandbox-<pid>-*` cgroups left by a pool whose process was killed."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) == 4 and parts[:2] == ["codi", "sandbox"] and parts[2].isdigit():
+            if not os.path.exists(f"/proc/{parts[2]}"):
+                try:
+                    os.rmdir(f"{parent}/{name}")  # fails (and stays) while processes are in it
+                except OSError:
+                    pass
+
+
+def join_cgroup(path: str) -> None:
+    """Move this process (and so all it will start) into the cgroup."""
+    with open(f"{path}/cgroup.procs", "w") as f:
+        f.write("0")
+
+
+def oom_kills(path: str) -> int:
+    """How many processes the cgroup's OOM killer has killed so far."""
+    try:
+        with open(f"{path}/memory.oom_control") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def remove_cgroup(path: str) -> None:
+    for _ in range(50):  # its last processes may still be exiting
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
 
 
 def drop_to_uid(uid: int) -> None:

@@ -18,8 +18,10 @@ Isolation, chosen once per pool (mode="auto" takes the first that works):
   read-only, private tmpfs /tmp and /dev/shm, an empty capability bounding set and no_new_privs.
   Each sample's child drops to the worker's own unprivileged uid (one per worker, so a fork
   bomb's RLIMIT_NPROC cannot starve another worker), holds no capabilities, gets rlimits (CPU,
-  address space = the worker's footprint + memory_mb, FSIZE, NPROC, CORE=0, NOFILE) and a private
-  temp cwd; after it, kill(-1) ends whatever it left. The interpreter lives under /root (mode
+  address space = the worker's footprint + memory_mb, FSIZE, NPROC, CORE=0, NOFILE), a memory
+  cgroup bounding all its processes together to memory_mb (+64 MB of pages copied from the
+  worker; cgroup v1, under our own cgroup, where writable: the isolation line says whether) and
+  a private temp cwd; after it, kill(-1) ends whatever it left. The interpreter lives under /root (mode
   700), so the child can neither exec python nor import a module the worker has not imported:
   the worker pre-imports a generous stdlib list and the child imports the stdlib modules its
   program names before it drops privileges. Third-party packages are never importable (the
@@ -49,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
@@ -57,6 +60,7 @@ import codi
 from codi.config import SandboxConfig, TraceConfig
 from codi.sources.base import Sample
 from codi.tokens import contains_special
+from codi.tracing import limits
 from codi.tracing.format import Frame
 from codi.tracing.worker import write_msg
 
@@ -79,6 +83,8 @@ _NS_FLAGS = ["--pid", "--net", "--ipc", "--uts", "--mount", "--fork", "--kill-ch
 _UID_LO, _UID_SPAN = 60001, 4000  # per-worker uids, from the "globally allocated" range below 65000
 _START_TIMEOUT_S = 60.0
 _uid_blocks = itertools.count()  # pools (and fresh interpreters) of one process get distinct uids
+_cgroup_ids = itertools.count()
+_CGROUP_SLACK_MB = 64  # pages a forked child copies from the worker count against its cgroup too
 
 
 class SandboxError(RuntimeError):
@@ -130,11 +136,12 @@ def candidate_modes(mode: Mode) -> list[str]:
     return out + ["process"]
 
 
-def describe(mode: str, uids: tuple[int, int] | None, sandbox: SandboxConfig) -> str:
+def describe(mode: str, uids: tuple[int, int] | None, sandbox: SandboxConfig, cgroup: bool = False) -> str:
     """One line: the isolation in use (quoted by the README and printed by the extract stage)."""
     lim = (f"rlimits (CPU {sandbox.cpu_time_s} s, +{sandbox.memory_mb} MB address space, files "
-           f"{sandbox.max_file_mb} MB, {sandbox.max_processes} processes, no core), wall timeout "
-           f"{sandbox.wall_timeout_s:g} s, private temp cwd")
+           f"{sandbox.max_file_mb} MB, {sandbox.max_processes} processes, no core), "
+           + (f"memory cgroup ({sandbox.memory_mb} MB for all of a sample's processes), " if cgroup else "")
+           + f"wall timeout {sandbox.wall_timeout_s:g} s, private temp cwd")
     who = (f"unprivileged uid {uids[0]}-{uids[1]} (one per worker), no capabilities, no_new_privs"
            if uids else "")
     if mode == "namespaces":
@@ -170,6 +177,9 @@ class _Worker:
         self.tmp_base = tempfile.mkdtemp(prefix="codi-sandbox-") if mode == "process" else ""
         if self.tmp_base:
             os.chmod(self.tmp_base, 0o711)  # a sample's uid may enter its own 0700 dir inside
+        # As root: one memory cgroup per worker bounds all of a sample's processes together.
+        self.cgroup = limits.memory_cgroup(f"codi-sandbox-{os.getpid()}-{next(_cgroup_ids)}",
+                                           (sandbox.memory_mb + _CGROUP_SLACK_MB) << 20) if uid is not None else None
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
             "PYTHONHASHSEED": "0",  # set order, str hashes: the same trace on every run
@@ -186,7 +196,7 @@ class _Worker:
         self.buf = bytearray()
         try:
             write_msg(self.wfd, {"op": "init", "mode": mode, "uid": uid, "trace": asdict(trace),
-                                 "sandbox": asdict(sandbox), "tmp_base": self.tmp_base})
+                                 "sandbox": asdict(sandbox), "tmp_base": self.tmp_base, "cgroup": self.cgroup})
         except BrokenPipeError:
             pass  # it died at once: handshake() reports why
 
@@ -265,6 +275,9 @@ class _Worker:
                 pass
         if self.tmp_base:
             shutil.rmtree(self.tmp_base, ignore_errors=True)
+        if self.cgroup:
+            limits.remove_cgroup(self.cgroup)
+            self.cgroup = None
 
 
 def _result(sample_id: str, msg: dict) -> TraceResult:
@@ -342,9 +355,11 @@ class TracerPool:
                 errors.append(str(e))
                 continue
             self.mode = mode
+            if errors:  # a weaker mode than this machine should give: say so loudly, once
+                warnings.warn(f"sandbox: using mode {mode!r} ({' | '.join(errors)})", RuntimeWarning, stacklevel=2)
             uids = self._uid_for(mode, 0) is not None
             self._isolation = describe(mode, (self._uids[0], self._uids[-1]) if uids else None,
-                                       self.sandbox_cfg)
+                                       self.sandbox_cfg, all(w.cgroup for w in self._workers))
             return
         raise SandboxError("no sandbox mode works: " + " | ".join(errors))
 

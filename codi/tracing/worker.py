@@ -11,8 +11,9 @@ Per sample the worker (root inside fresh PID/net/IPC/UTS/mount namespaces in the
 mode, see codi.tracing.sandbox) creates a private temp dir, forks; the child starts a session,
 points fd 0 at /dev/null and fds 1/2 at an output pipe, keeps only the event pipe (fd 3), imports
 the stdlib modules the program names (while it still can: the interpreter lives under /root, mode
-700), sets rlimits, drops to the worker's own uid (or drops every capability in a user
-namespace), and runs codi.tracing.tracer.run_sample. The worker reads both pipes under the wall
+700), sets rlimits, joins the worker's memory cgroup (when the parent made one), drops to the
+worker's own uid (or drops every capability in a user namespace), and runs
+codi.tracing.tracer.run_sample. The worker reads both pipes under the wall
 timeout (output beyond `max_output_bytes` is read and discarded, so a flood neither blocks nor
 fills memory), then kills everything the sample left (kill(-1) as PID 1 of the namespace, or by
 uid / by walking its descendants), reaps, removes the temp dir, parses the event stream, applies
@@ -196,6 +197,8 @@ class Worker:
         self.tmp_base: str = init.get("tmp_base") or "/tmp"
         self.count = 0
         self.limits: list = []
+        self.cgroup: str | None = init.get("cgroup")  # made (and removed) by the parent
+        self.oom = False  # the cgroup's OOM killer acted during the last sample
 
     def setup(self, preload: bool) -> None:
         if preload:
@@ -233,6 +236,7 @@ class Worker:
         out_r, out_w = os.pipe()
         # what the child inherits; RLIMIT_AS adds memory_mb to it
         self.limits = limits.rlimits(self.sandbox, limits.vm_bytes())
+        oom_before = limits.oom_kills(self.cgroup) if self.cgroup else 0
         pid = os.fork()
         if pid == 0:
             try:
@@ -249,6 +253,7 @@ class Worker:
             os.close(ev_r)
             os.close(out_r)
         self._cleanup(pid, tmp)
+        self.oom = bool(self.cgroup) and limits.oom_kills(self.cgroup) > oom_before
         res = self._classify(job, events, output, how, pid)
         res["id"] = msg["id"]
         if self.recycle:
@@ -293,6 +298,8 @@ class Worker:
         if "tempfile" in sys.modules:
             sys.modules["tempfile"].tempdir = tmp
         limits.apply_rlimits(self.limits)
+        if self.cgroup:
+            limits.join_cgroup(self.cgroup)
         if self.uid is not None:
             limits.drop_to_uid(self.uid)
         elif self.mode == "userns":
@@ -473,6 +480,8 @@ class Worker:
             return end["status"], end["reason"]
         if problem:
             return "incomplete", f"the event stream is not trustworthy: {problem}"
+        if self.oom:  # the cgroup killed one of its processes (the child, or one it started)
+            return "memory", f"memory limit ({cfg.memory_mb} MB for the sample's processes together)"
         if how == "timeout":
             return "timeout", f"wall time limit ({cfg.wall_timeout_s:g} s)"
         if os.WIFSIGNALED(status):

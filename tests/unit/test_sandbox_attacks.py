@@ -18,7 +18,7 @@ from codi.tracing.format import REPR_CUT, render_trace
 from codi.tracing.sandbox import TracerPool
 
 SECRET = "s3cr3t-6b1f0e-do-not-leak"
-SANDBOX = SandboxConfig(wall_timeout_s=1.0, cpu_time_s=1, memory_mb=256, max_processes=8,
+SANDBOX = SandboxConfig(wall_timeout_s=1.5, cpu_time_s=1, memory_mb=256, max_processes=8,
                         max_output_bytes=4096)
 # Enough frames for a RecursionError (about 2 per level); a traced endless loop ends at max_frames.
 TRACE = TraceConfig(max_frames=5000)
@@ -33,7 +33,11 @@ def attacks(victim: Path, secret: Path, port: int) -> dict[str, tuple[str, str, 
         "c_loop": ("import itertools\ndef f():\n    return sum(itertools.count())\n", "f()", ""),
         "re_backtrack": ("import re\ndef f():\n    return re.match(r'(a+)+$', 'a' * 64 + 'b')\n", "f()", ""),
         "sleep": ("import time\ndef f():\n    time.sleep(1000)\n", "f()", ""),
-        "memory_bomb": ("def f():\n    x = []\n    while True:\n        x.append(bytearray(10 ** 7))\n", "f()", ""),
+        # (untouched zero pages: RLIMIT_AS stops it; the fork_memory_bomb touches what it takes)
+        "memory_bomb": ("def f():\n    x = []\n    while True:\n        x.append(bytes(10 ** 8))\n", "f()", ""),
+        "fork_memory_bomb": ("import os, time\ndef f():\n    for _ in range(5):\n        if os.fork() == 0:\n"
+                             "            break\n    x = bytearray(80 * 2 ** 20)\n    for i in range(0, len(x), 4096):\n"
+                             "        x[i] = 1\n    time.sleep(100)\n", "f()", ""),
         "fork_bomb": ("import os, time\ndef f():\n    for _ in range(100):\n        try:\n            os.fork()\n"
                       "        except OSError:\n            break\n    time.sleep(100)\n", "f()", ""),
         "write_file": (f"def f():\n    open({str(victim)!r}, 'w').write('pwned')\n", "f()", ""),
@@ -138,6 +142,14 @@ def test_traced_endless_loop_stops_at_max_frames(run) -> None:
 
 def test_memory_bomb(run) -> None:
     check(run, "memory_bomb", "memory")
+
+
+def test_memory_of_all_processes_together_is_bounded(run) -> None:
+    # 6 processes x 80 MB: each within RLIMIT_AS, together over the sample's 256 MB
+    if "memory cgroup" in run["isolation"]:
+        check(run, "fork_memory_bomb", "memory")
+    else:  # without a cgroup only each process is bounded: it ends at the wall clock
+        check(run, "fork_memory_bomb", "timeout", "incomplete")
 
 
 def test_fork_bomb_is_bounded_and_leaves_nothing(run) -> None:

@@ -259,3 +259,11 @@ def test_stopping_early_leaves_the_pool_in_step(pool) -> None:
     for r in pool.trace(samples):
         break
     assert [r.sample_id for r in pool.trace(samples)] == [s.sample_id for s in samples]
+
+
+def test_the_child_imports_the_stdlib_modules_its_program_names() -> None:
+    # a fresh interpreter pre-imports nothing: the child must import these before it drops privileges
+    prog = ("import fractions, statistics as st\nfrom os import path\nfrom collections import abc\n"
+            "def f():\n    return str(fractions.Fraction(1, 3)), st.mean([1, 2]), path.join('a', 'b'), abc.Sized.__name__\n")
+    r = trace_in_fresh_interpreter(sample(prog, "f()", expected="('1/3', 1.5, 'a/b', 'Sized')"), TraceConfig(), SANDBOX)
+    assert (r.status, r.match) == ("ok", True)
