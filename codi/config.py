@@ -173,6 +173,7 @@ class TrainConfig:
         "auto", "auto = paged 8-bit AdamW on a GPU with bitsandbytes, AdamW otherwise")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _f("auto", "auto = bf16 where the GPU supports it, fp32 on CPU")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward (saves memory)")
+    group_by_length: bool = _f(True, "batch examples of similar length together (less padding: ~2x faster here)")
     torch_threads: int = _f(1, "torch intra-op threads on CPU; 0 = torch's default (1 is fastest for tiny models)", ge=0)
     seed: int = _f(0, "seed of weights-independent randomness (data order, dropout)")
 

@@ -2,7 +2,7 @@
 
     from codi.decoding import decode, iter_decode
     results = decode("explicit", sft_model, tok, prompt_ids, max_new_tokens=1024, max_frames=256)
-    results = decode("latent", codi_model.model, tok, prompt_ids, projector=codi_model.prj, latent_steps=1)
+    results = decode("latent", codi_model.model, tok, prompt_ids, projector=codi_model.projector, latent_steps=1)
     for r in iter_decode("direct", direct_model, tok, many_prompts, batch_size=16, progress=True):
         print(r.answer, r.stop, r.error)
 

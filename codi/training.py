@@ -114,6 +114,27 @@ def training_arguments(cfg: TrainConfig, output_dir: Path, run_name: str, report
     return TrainingArguments(**kw)
 
 
+def grouped_trainer_class():
+    """HF Trainer whose train sampler groups examples of similar length (prompt + trace tokens).
+
+    The cache knows every example's length without touching the token buffers; HF's own
+    group_by_length only knows `datasets.Dataset` columns or items with `input_ids`."""
+    from transformers import Trainer
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    class GroupedTrainer(Trainer):
+        group_by_length = True
+
+        def _get_train_sampler(self, train_dataset=None):
+            ds = train_dataset if train_dataset is not None else self.train_dataset
+            if not self.group_by_length or not hasattr(ds, "lengths"):
+                return super()._get_train_sampler(train_dataset)
+            return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                                        lengths=ds.lengths)
+
+    return GroupedTrainer
+
+
 # --------------------------------------------------------------------------------- fingerprints
 def file_digest(path: Path, full_limit: int = 1 << 30) -> str:
     """sha256 of a file; files over `full_limit` bytes hash their size, head and tail (model shards)."""

@@ -65,7 +65,8 @@ def load_codi_weights(model, ckpt: str | Path) -> None:
 
 
 def make_trainer_class():
-    from transformers import Trainer
+    from codi.training import grouped_trainer_class
+    Trainer = grouped_trainer_class()
 
     from codi.answers import answers_match
     from codi.decoding import iter_decode
@@ -77,6 +78,7 @@ def make_trainer_class():
         def __init__(self, *a, codi_cfg: CodiConfig, val_answers: list[str], **kw):
             super().__init__(*a, **kw)
             self.codi_cfg = codi_cfg
+            self.group_by_length = codi_cfg.group_by_length
             self.val_answers = val_answers
             self._window: dict[str, list[float]] = defaultdict(list)
             self._micro = (-1, 0)  # (step, micro-batch index within it)

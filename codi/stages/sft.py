@@ -20,8 +20,8 @@ from pathlib import Path
 from codi.config import ConfigError, Params, to_dict
 from codi.data import CacheDataset
 from codi.training import (CheckpointDir, atomic_dir, experiment_name, file_digest, finish_wandb,
-                           model_fingerprint, save_loss_history, set_threads, setup_wandb,
-                           training_arguments, write_json)
+                           grouped_trainer_class, model_fingerprint, save_loss_history, set_threads,
+                           setup_wandb, training_arguments, write_json)
 
 
 def unigram_loss(train: CacheDataset, val: CacheDataset, key: str, vocab_size: int) -> float:
@@ -42,7 +42,7 @@ def unigram_loss(train: CacheDataset, val: CacheDataset, key: str, vocab_size: i
 def run(params: Params, stage: str, cache_dir: Path, base: Path, out: Path, checkpoints: Path,
         metrics: Path, plots: Path) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
     from codi.batching import CausalLMCollator
 
@@ -80,7 +80,9 @@ def run(params: Params, stage: str, cache_dir: Path, base: Path, out: Path, chec
     report_to = setup_wandb(params.wandb, stage, {stage: to_dict(cfg), "model": to_dict(params.model)}, is_main)
     args.report_to = report_to
 
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val if len(val) else None,
+    trainer_cls = grouped_trainer_class()
+    trainer_cls.group_by_length = cfg.group_by_length
+    trainer = trainer_cls(model=model, args=args, train_dataset=train, eval_dataset=val if len(val) else None,
                       data_collator=CausalLMCollator(tok.pad_token_id, target), processing_class=tok,
                       callbacks=[FinalStep()])
     t0 = time.time()
