@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,8 @@ def test_shipped_params_load_and_cover_every_key(raw):
     ("extract.sources", [], "expected a non-empty list"),
     ("precompute.max_seq_len", 0, "precompute.max_seq_len = 0: expected an integer >= 1"),
     ("precompute.val_fraction", 0.95, "precompute.val_fraction + precompute.test_fraction"),
-    ("model.tiny.num_kv_heads", 3, "model.tiny.num_kv_heads = 3: expected a divisor"),
+    ("model.tiny.num_heads", 5, "model.tiny.hidden_size = 96: expected a multiple of model.tiny.num_heads (5)"),
+    ("model.tiny.num_kv_heads", 2, "model.tiny.num_kv_heads = 2: expected a divisor"),
     ("gamma", -1.0, "gamma = -1.0: expected a float >= 0.0"),
     ("extract.skip_bad_lines", "yes", "extract.skip_bad_lines = 'yes': expected true or false"),
 ])
@@ -73,8 +75,8 @@ def test_unknown_and_missing_keys(raw):
 
 def test_floats_in_exponent_form_are_floats(tmp_path, raw):
     # PyYAML's YAML 1.1 resolver would read 1e-3 as a string; DVC reads it as a number.
-    text = (ROOT / "params.yaml").read_text().replace("  lr: 0.002\n", "  lr: 2e-3\n", 1)
-    assert "2e-3" in text
+    text, n = re.subn(r"(?m)^(sft:\n(?:  .*\n)*?)  lr: [0-9.e-]+\n", r"\1  lr: 2e-3\n", (ROOT / "params.yaml").read_text())
+    assert n == 1
     (tmp_path / "params.yaml").write_text(text)
     assert load_params(tmp_path / "params.yaml").sft.lr == pytest.approx(0.002)
 

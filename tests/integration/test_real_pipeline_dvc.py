@@ -1,0 +1,130 @@
+"""The project's own dvc.yaml on the tiny params, in a temporary git repo: repro, no-op repro, exactly the
+affected stages rerun, `dvc exp run -S gamma=2.0` + `dvc exp show --json`, and the Prefect pipeline flow
+driving the real stages. Slow (minutes): `pytest -m slow tests/integration/test_real_pipeline_dvc.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import ROOT, tiny_params, write_params
+from tests.unit.test_pipelines import artifacts_of, prefect_server  # noqa: F401
+
+pytestmark = pytest.mark.slow
+GIT = ["git", "-c", "user.name=ci", "-c", "user.email=ci@localhost"]
+
+
+def env() -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "WANDB_MODE": "disabled", "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+
+
+def sh(repo: Path, *cmd: str, timeout: int = 900) -> str:
+    proc = subprocess.run(list(cmd), cwd=repo, env=env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def dvc(repo: Path, *args: str) -> str:
+    return sh(repo, sys.executable, "-m", "dvc", *args)
+
+
+def ran(output: str) -> list[str]:
+    return re.findall(r"Running stage '([a-z_]+)'", output)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A copy of the project's tracked files with tiny params, committed, after a first `dvc repro`."""
+    repo = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        if f.startswith(("metrics/", "plots/")) or f == "dvc.lock":
+            continue  # results of the real run; this repo makes its own
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, repo / f)
+    write_params(repo / "params.yaml", tiny_params())
+    sh(repo, "git", "init", "-q")
+    sh(repo, "git", "add", "-A")
+    sh(repo, *GIT, "commit", "-qm", "tiny")
+    out = dvc(repo, "repro")
+    assert ran(out) == ["extract", "precompute", "sft", "sft_direct", "codi", "evaluate"] or \
+        sorted(ran(out)) == sorted(["extract", "precompute", "sft", "sft_direct", "codi", "evaluate"])
+    sh(repo, "git", "add", "-A")
+    sh(repo, *GIT, "commit", "-qm", "baseline results")
+    return repo
+
+
+def test_repro_then_status_is_clean_and_no_op_repro_runs_nothing(repo):
+    assert "up to date" in dvc(repo, "status")
+    assert ran(dvc(repo, "repro")) == []
+
+
+def dry(repo: Path) -> list[str]:
+    return sorted(ran(dvc(repo, "repro", "--dry")))
+
+
+def test_a_change_reruns_exactly_what_it_affects(repo):
+    params = (repo / "params.yaml").read_text()
+    try:
+        (repo / "params.yaml").write_text(params.replace("gamma: 1.0", "gamma: 2.0"))
+        assert dry(repo) == ["codi", "evaluate"]
+        (repo / "params.yaml").write_text(params.replace("n_programs: 40", "n_programs: 41"))
+        assert dry(repo) == sorted(["extract", "precompute", "sft", "sft_direct", "codi", "evaluate"])
+        (repo / "params.yaml").write_text(params.replace("project: codi-trace", "project: elsewhere"))
+        assert dry(repo) == []  # where logs go never retrains
+    finally:
+        (repo / "params.yaml").write_text(params)
+    module = repo / "codi/stages/evaluate.py"
+    text = module.read_text()
+    try:
+        module.write_text(text + "\n# touched\n")
+        assert dry(repo) == ["evaluate"]
+        module.write_text(text)
+        (repo / "codi/batching.py").write_text((repo / "codi/batching.py").read_text() + "\n# touched\n")
+        assert dry(repo) == ["codi", "evaluate", "sft", "sft_direct"]
+    finally:
+        sh(repo, "git", "checkout", "--", "codi")
+
+
+def test_exp_run_gamma_reruns_codi_and_evaluate_and_exp_show_lists_both(repo):
+    out = dvc(repo, "exp", "run", "-n", "gamma-2", "-S", "gamma=2.0")
+    assert sorted(ran(out)) == ["codi", "evaluate"]
+    show = json.loads(dvc(repo, "exp", "show", "--json"))
+    found = {}
+    for commit in show:
+        for exp in [commit] + [e for e in (commit.get("experiments") or [])]:
+            runs = exp.get("revs") or [exp]
+            for r in runs:
+                data = r.get("data") or {}
+                name = r.get("name") or data.get("name") or r.get("rev")
+                metrics = (data.get("metrics") or {}).get("metrics/eval.json", {}).get("data")
+                gamma = (data.get("params") or {}).get("params.yaml", {}).get("data", {}).get("gamma")
+                if metrics:
+                    found[name] = (gamma, metrics)
+    gammas = sorted(g for g, _ in found.values())
+    assert 1.0 in gammas and 2.0 in gammas, found.keys()
+    assert all("output_accuracy" in m["latent"] for _, m in found.values())
+
+
+def test_prefect_pipeline_flow_drives_the_real_stages(repo, prefect_server):  # noqa: F811
+    from pipelines.flows import ARTIFACT_EVAL_TABLE, pipeline
+
+    (repo / "params.yaml").write_text((repo / "params.yaml").read_text().replace("seed: 3", "seed: 4"))
+    state = pipeline(repo=str(repo), return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    statuses = {s["stage"]: s["status"] for s in summary["stages"]}
+    assert list(statuses) == ["extract", "precompute", "sft", "sft_direct", "codi", "evaluate"]
+    assert statuses["extract"] == "ran" and statuses["evaluate"] == "ran"
+    table = json.loads(artifacts_of(state.state_details.flow_run_id)[ARTIFACT_EVAL_TABLE].data)
+    assert {row["name"] for row in table} >= {"explicit", "latent", "direct"}
+    assert all(row["output_accuracy"] is not None for row in table if row["name"] != "summary")
+    assert "up to date" in dvc(repo, "status")

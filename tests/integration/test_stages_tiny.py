@@ -1,0 +1,181 @@
+"""The whole recipe on CPU with a 2-layer model: every stage's entry point, the files it writes, and
+the contracts between stages (spans, checkpoints, resume, models loadable with one call)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codi.__main__ import main
+from tests.tiny import ROOT, tiny_params, write_params
+
+
+def cli(ws: Path, *args: str, params: str = "params.yaml") -> int:
+    cwd = os.getcwd()
+    os.chdir(ws)
+    try:
+        return main(["--params", params, *args])
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    """A workspace after extract -> precompute -> sft -> sft_direct -> codi -> evaluate."""
+    ws = tmp_path_factory.mktemp("ws")
+    write_params(ws / "params.yaml", tiny_params())
+    for stage in (["extract"], ["precompute"], ["sft"], ["sft_direct"], ["codi"], ["evaluate"]):
+        assert cli(ws, *stage) == 0, stage
+    return ws
+
+
+def test_extract_writes_traces_and_stats(ws):
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(ws / "data/traces/synthetic.parquet").to_pylist()
+    assert len(table) == 80 and all(r["status"] == "ok" for r in table)
+    assert all(r["match"] is True for r in table)  # synthetic programs carry their expected value
+    stats = json.loads((ws / "metrics/extract.json").read_text())
+    assert stats == json.loads((ws / "data/traces/stats.json").read_text())
+    assert stats["synthetic"]["status"] == {"ok": 80}
+
+
+def test_precompute_cache_spans_and_base(ws):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from codi.data import CacheDataset
+    from codi.tokens import token_ids
+    from codi.tracing.format import parse_trace
+
+    manifest = json.loads((ws / "data/cache/manifest.json").read_text())
+    tok = AutoTokenizer.from_pretrained(ws / "models/base")
+    model = AutoModelForCausalLM.from_pretrained(ws / "models/base")
+    assert model.get_input_embeddings().weight.shape[0] == len(tok) == manifest["vocab_size"]
+    ids = token_ids(tok)
+    problems = {}
+    total = 0
+    for split in ("train", "val", "test"):
+        ds = CacheDataset(ws / f"data/cache/{split}.arrow")
+        assert len(ds) == manifest["splits"][split]["examples"]
+        texts = ds.column("trace_text")
+        for k in range(len(ds)):
+            ex = ds[k]
+            frames = parse_trace(texts[k])
+            line_locals = [f.locals for f in frames if f.kind == "line"]
+            assert len(ex["spans"]) == len(line_locals)
+            for (i, j), want in zip(ex["spans"], line_locals):  # the span invariant, on every example
+                assert ex["trace_ids"][i] == ids.line_sep and ex["trace_ids"][j] == ids.action_sep
+                assert tok.decode(ex["trace_ids"][i + 1:j]) == want
+            assert ex["trace_ids"][-1] == ids.eos and ex["answer_ids"][-1] == ids.eos
+            problems.setdefault(ex["problem_id"], set()).add(split)
+            total += 1
+    assert total == 80 - sum(sum(c.values()) for c in manifest["dropped"].values())
+    assert all(len(s) == 1 for s in problems.values())  # no problem crosses splits
+    assert 0 < manifest["tokens"]["locals_share"] < 1
+
+
+def test_training_stages_write_models_metrics_plots(ws):
+    for stage in ("sft", "sft_direct"):
+        m = json.loads((ws / f"metrics/{stage}.json").read_text())
+        assert m["steps"] == (8 if stage == "sft" else 6)
+        assert m["val_loss"] < m["unigram_val_loss"] * 1.5 and m["tokens_per_s"] > 0
+        assert (ws / f"models/{stage}/model.safetensors").is_file()
+        assert (ws / f"plots/{stage}/loss.png").stat().st_size > 1000
+        assert (ws / f"plots/{stage}/loss.tsv").read_text().startswith("step\tloss\teval_loss")
+    codi = json.loads((ws / "metrics/codi.json").read_text())
+    assert codi["steps"] == 4 and codi["student_loss_first"] is not None
+    assert 0.0 <= codi["val_latent_accuracy"] <= 1.0
+    header = (ws / "plots/codi/loss.tsv").read_text().splitlines()[0].split("\t")
+    assert header[:5] == ["step", "loss", "teacher_loss", "student_loss", "kd_loss"]
+
+
+def test_codi_model_loads_with_one_call(ws):
+    from codi.modeling import load_codi_model
+
+    loaded = load_codi_model(ws / "models/codi")
+    assert loaded.config.latent_steps == 1 and loaded.config.extra["step"] == 4
+    assert loaded.model.lm_head.weight.data_ptr() == loaded.model.get_input_embeddings().weight.data_ptr()
+
+
+def test_evaluate_outputs(ws):
+    import pyarrow.parquet as pq
+
+    ev = json.loads((ws / "metrics/eval.json").read_text())
+    assert set(ev) >= {"explicit", "latent", "direct"}
+    for mode in ("explicit", "latent", "direct"):
+        assert 0.0 <= ev[mode]["output_accuracy"] <= 1.0 and ev[mode]["n"] > 0
+    rows = pq.read_table(ws / "data/eval/predictions.parquet").to_pylist()
+    assert len(rows) == 3 * ev["explicit"]["n"]
+    assert all(r["correct"] or r["reason"] for r in rows)  # every wrong row says why
+    assert "| mode |" in (ws / "metrics/eval.md").read_text()
+    for name in ("accuracy.png", "accuracy_vs_positions.png", "accuracy.csv", "accuracy_vs_positions.csv"):
+        assert (ws / "plots/eval" / name).stat().st_size > 0
+
+
+def test_rerun_resumes_the_finished_run(ws, capsys):
+    """Same params, same data: the checkpoint folder belongs to this run; nothing is retrained."""
+    before = (ws / "models/sft/model.safetensors").read_bytes()
+    assert cli(ws, "sft") == 0
+    assert "resuming from" in capsys.readouterr().out
+    assert (ws / "models/sft/model.safetensors").read_bytes() == before
+
+
+def test_changed_data_refuses_to_resume(ws, capsys, tmp_path):
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other)
+    manifest = other / "data/cache/manifest.json"
+    manifest.write_text(manifest.read_text().replace('"format_version"', '"edited": 1, "format_version"'))
+    assert cli(other, "sft_direct") == 0
+    out = capsys.readouterr().out
+    assert "refusing to resume" in out and "cache" in out
+    assert "resuming from" not in out
+
+
+@pytest.mark.parametrize("stage, dotted, value, expected", [
+    ("codi", ("codi", "kd_layers"), [7], "codi.kd_layers = [7]: 7 is out of range"),
+    ("codi", ("codi", "frozen_teacher"), "/nonexistent/teacher", "codi.frozen_teacher = '/nonexistent/teacher'"),
+    ("codi", ("codi", "latent_steps"), -1, "codi.latent_steps = -1: expected an integer >= 0"),
+    ("codi", ("codi", "kd_target"), "cosine", "codi.kd_target = 'cosine': expected one of"),
+    ("sft", ("sft", "optimizer"), "lion", "sft.optimizer = 'lion': expected one of"),
+    ("sft", ("sft", "keep"), "best", "save_steps = 4 with keep = 'best'"),
+    ("precompute", ("precompute", "max_seq_len"), 0, "precompute.max_seq_len = 0: expected an integer >= 1"),
+    ("precompute", ("model", "base"), "./no/such/model", "model.base = './no/such/model': no such model folder"),
+    ("precompute", ("model", "base"), "Qwen/Qwen2.5-0.5B", "a hub id, but the hub cannot be reached"),
+    ("precompute", ("model", "tiny"), {"vocab_size": 100}, "model.tiny.vocab_size = 100: expected an integer >= 300"),
+])
+def test_bad_params_fail_before_work_with_the_key_named(ws, capsys, tmp_path, stage, dotted, value, expected):
+    section, key = dotted
+    override = {section: {key: value}}
+    if stage == "sft" and key == "keep":
+        override = {"sft": {"keep": "best", "eval_steps": 3}}
+    write_params(tmp_path / "bad.yaml", tiny_params(**override))
+    args = {"codi": ["codi", "--out", str(tmp_path / "codi"), "--checkpoints", str(tmp_path / "ck")],
+            "sft": ["sft", "--out", str(tmp_path / "sft"), "--checkpoints", str(tmp_path / "ck")],
+            "precompute": ["precompute", "--cache", str(tmp_path / "cache"), "--base-out", str(tmp_path / "base")]}[stage]
+    assert cli(ws, *args, params=str(tmp_path / "bad.yaml")) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "cache").exists()  # no work was done
+
+
+def test_trace_command_on_a_dataset_file(tmp_path):
+    out = tmp_path / "crux.parquet"
+    code = main(["--params", str(write_params(tmp_path / "p.yaml", tiny_params())), "trace", "--source",
+                 "cruxeval", "--path", str(ROOT / "tests/fixtures/sources/cruxeval.jsonl"), "--out", str(out)])
+    assert code == 0
+    import pyarrow.parquet as pq
+    rows = pq.read_table(out).to_pylist()
+    assert rows and {r["source"] for r in rows} == {"cruxeval"}
+    assert any(r["status"] == "ok" and r["match"] for r in rows)
+
+
+def test_console_script_entry_point(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "codi", "--params", str(ROOT / "params.yaml"), "params"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "codi.latent_steps = 1" in proc.stdout

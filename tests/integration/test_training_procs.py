@@ -1,0 +1,97 @@
+"""Training stages as separate processes: 2-process gloo DDP, and kill -9 then resume giving the same
+final weights as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from codi.__main__ import main
+from tests.tiny import tiny_params, write_params
+
+ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    ws = tmp_path_factory.mktemp("procs")
+    write_params(ws / "params.yaml", tiny_params(
+        sft={"max_steps": 40, "save_steps": 4, "eval_steps": 20, "logging_steps": 5, "save_total_limit": 0},
+        codi={"max_steps": 12, "save_steps": 3, "eval_steps": 12, "val_accuracy_samples": 0, "save_total_limit": 0}))
+    cwd = os.getcwd()
+    os.chdir(ws)
+    try:
+        assert main(["extract"]) == 0 and main(["precompute"]) == 0
+    finally:
+        os.chdir(cwd)
+    return ws
+
+
+def stage_cmd(stage: str, out: str, ck: str, extra: tuple[str, ...] = ()) -> list[str]:
+    src = {"sft": ["--base", "models/base"], "codi": ["--sft", "models/sft"]}[stage]
+    return [*extra, "-m", "codi", "--params", "params.yaml", stage, *src, "--out", out, "--checkpoints", ck,
+            "--metrics", f"m/{out}.json", "--plots", f"p/{out}"]
+
+
+def run(ws: Path, cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *cmd], cwd=ws, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(path / "model.safetensors"))
+
+
+def kill_after_first_checkpoint(ws: Path, cmd: list[str], ck: Path) -> None:
+    proc = subprocess.Popen([sys.executable, *cmd], cwd=ws, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        done = [p for p in ck.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+        if done:
+            os.killpg(proc.pid, signal.SIGKILL)  # kill -9, no chance to clean up
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+
+
+@pytest.mark.parametrize("stage", ["sft", "codi"])
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(ws, stage):
+    if stage == "codi" and not (ws / "models/sft").exists():
+        run(ws, stage_cmd("sft", "models/sft", "ck/sft-base"))
+    run(ws, stage_cmd(stage, f"ref-{stage}", f"ck/ref-{stage}"))
+    ck = ws / f"ck/kill-{stage}"
+    kill_after_first_checkpoint(ws, stage_cmd(stage, f"kill-{stage}", str(ck)), ck)
+    assert not (ws / f"kill-{stage}").exists()  # no final model that looks complete
+    proc = run(ws, stage_cmd(stage, f"kill-{stage}", str(ck)))
+    assert "resuming from" in proc.stdout
+    a, b = weights(ws / f"ref-{stage}"), weights(ws / f"kill-{stage}")
+    assert a.keys() == b.keys()
+    assert all((a[k] == b[k]).all() for k in a), "resumed run ended with different weights"
+    if stage == "codi":
+        from safetensors.torch import load_file
+        pa = load_file(str(ws / "ref-codi/thought_projector.safetensors"))
+        pb = load_file(str(ws / "kill-codi/thought_projector.safetensors"))
+        assert all((pa[k] == pb[k]).all() for k in pa)
+
+
+@pytest.mark.parametrize("stage", ["sft", "codi"])
+def test_two_process_gloo_ddp(ws, stage):
+    if stage == "codi" and not (ws / "models/sft").exists():
+        run(ws, stage_cmd("sft", "models/sft", "ck/sft-base"))
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    proc = run(ws, stage_cmd(stage, f"ddp-{stage}", f"ck/ddp-{stage}", torchrun), timeout=400)
+    metrics = json.loads((ws / f"m/ddp-{stage}.json").read_text())
+    assert metrics["steps"] == (40 if stage == "sft" else 12)
+    assert (ws / f"ddp-{stage}" / "model.safetensors").is_file()
+    assert proc.stdout.count(f"{stage}: ") == 1  # one summary: only rank 0 writes outputs

@@ -1,0 +1,46 @@
+"""A tiny, fast params set for stage tests: the shipped params.yaml with small sizes and few steps."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from codi.config import read_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY: dict[str, Any] = {
+    "extract": {"sources": ["synthetic"], "workers": 2,
+                "synthetic": {"n_programs": 40, "calls_per_program": 2, "difficulty": 2, "seed": 3}},
+    "precompute": {"max_seq_len": 512, "max_frames": 64, "val_fraction": 0.15, "test_fraction": 0.15},
+    "model": {"tiny": {"vocab_size": 400, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+                       "intermediate_size": 64, "max_position_embeddings": 1024}},
+    "sft": {"max_steps": 8, "batch_size": 4, "eval_batch_size": 8, "eval_steps": 4, "save_steps": 4,
+            "logging_steps": 2, "lr": 0.003},
+    "sft_direct": {"max_steps": 6, "batch_size": 4, "eval_batch_size": 8, "eval_steps": 3, "save_steps": 3,
+                   "logging_steps": 2, "lr": 0.003},
+    "codi": {"max_steps": 4, "batch_size": 4, "eval_batch_size": 8, "eval_steps": 2, "save_steps": 2,
+             "logging_steps": 1, "val_accuracy_samples": 3},
+    "evaluate": {"max_examples": 5, "batch_size": 8, "max_new_tokens": 160, "max_frames": 40},
+    "wandb": {"mode": "disabled"},
+}
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def tiny_params(**overrides: Any) -> dict:
+    """The shipped params.yaml merged with TINY and then `overrides` (nested dicts)."""
+    return merge(merge(read_yaml(ROOT / "params.yaml"), TINY), overrides)
+
+
+def write_params(path: Path, params: dict) -> Path:
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path

@@ -1,0 +1,146 @@
+"""Training plumbing: loss masking, checkpoint validation and resume policy, atomic writes, wandb offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from codi.batching import IGNORE_INDEX, CausalLMCollator
+from codi.training import CheckpointDir, atomic_dir, checkpoint_problem, setup_wandb, finish_wandb
+from codi.config import WandbConfig
+
+
+def examples():
+    return [{"prompt_ids": [5, 6, 7], "trace_ids": [8, 9, 2], "answer_ids": [4, 2]},
+            {"prompt_ids": [5, 6, 7, 7, 7], "trace_ids": [8, 9, 9, 9, 2], "answer_ids": [3, 3, 2]}]
+
+
+def tiny_lm():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=16, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                        num_key_value_heads=1, intermediate_size=32, pad_token_id=0)).eval()
+
+
+@pytest.mark.parametrize("target", ["trace", "answer"])
+def test_only_target_tokens_carry_labels(target):
+    batch = CausalLMCollator(pad_id=0, target=target)(examples())
+    key = "trace_ids" if target == "trace" else "answer_ids"
+    for row, ex in zip(range(2), examples()):
+        p, t = ex["prompt_ids"], ex[key]
+        labels = batch["labels"][row].tolist()
+        assert labels[:len(p)] == [IGNORE_INDEX] * len(p)           # prompt positions never contribute
+        assert labels[len(p):len(p) + len(t)] == t
+        assert all(x == IGNORE_INDEX for x in labels[len(p) + len(t):])  # nor padding
+        assert batch["input_ids"][row, :len(p) + len(t)].tolist() == p + t
+
+
+def test_loss_is_the_mean_ce_over_trace_tokens_and_needs_no_mask():
+    model = tiny_lm()
+    col = CausalLMCollator(pad_id=0)
+    batch = col(examples())
+    with torch.no_grad():
+        loss = model(**batch).loss
+        masked = model(**CausalLMCollator(pad_id=0, attention_mask=True)(examples())).loss
+        # by hand: each trace token predicted from the position before it, nothing else
+        nll, n = 0.0, 0
+        for ex in examples():
+            ids = torch.tensor([ex["prompt_ids"] + ex["trace_ids"]])
+            logp = model(input_ids=ids).logits.log_softmax(-1)[0]
+            for k in range(len(ex["prompt_ids"]), ids.shape[1]):
+                nll -= logp[k - 1, ids[0, k]].item()
+                n += 1
+    assert loss.item() == pytest.approx(nll / n, rel=1e-5)
+    assert loss.item() == pytest.approx(masked.item(), rel=1e-6)  # right padding: the mask changes nothing
+
+
+def fake_checkpoint(root: Path, step: int, truncate: str | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    d = root / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(64)}, str(d / "model.safetensors"))
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"x": torch.zeros(64)}, d / name)
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if truncate:
+        data = (d / truncate).read_bytes()
+        (d / truncate).write_bytes(data[: len(data) // 2])
+    return d
+
+
+@pytest.mark.parametrize("broken", ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
+def test_truncated_newest_checkpoint_is_skipped(tmp_path, capsys, broken):
+    fp = {"params": 1}
+    ck = CheckpointDir(tmp_path / "ck", fp)
+    assert ck.prepare() is None  # fresh: writes run.json
+    fake_checkpoint(ck.root, 10)
+    fake_checkpoint(ck.root, 20, truncate=broken)
+    assert checkpoint_problem(ck.root / "checkpoint-20") is not None
+    assert CheckpointDir(tmp_path / "ck", fp).prepare() == str(ck.root / "checkpoint-10")
+    out = capsys.readouterr().out
+    assert "skipping incomplete checkpoint" in out and "checkpoint-20" in out
+
+
+def test_a_different_run_never_resumes(tmp_path, capsys):
+    CheckpointDir(tmp_path / "ck", {"cache": "a", "params": 1}).prepare()
+    fake_checkpoint(tmp_path / "ck", 10)
+    assert CheckpointDir(tmp_path / "ck", {"cache": "b", "params": 1}).prepare() is None
+    out = capsys.readouterr().out
+    assert "refusing to resume" in out and "cache" in out
+    assert not (tmp_path / "ck" / "checkpoint-10").exists()  # the other run's checkpoints are gone
+    assert json.loads((tmp_path / "ck" / "run.json").read_text())["cache"] == "b"
+
+
+def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
+    final = tmp_path / "models" / "sft"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(final) as tmp:
+            (tmp / "config.json").write_text("{}")
+            raise RuntimeError("killed mid-save")
+    assert not final.exists() and not list((tmp_path / "models").iterdir())
+    with atomic_dir(final) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert (final / "config.json").is_file()
+
+
+def test_wandb_offline_writes_a_run_and_opens_no_connection(tmp_path, monkeypatch):
+    """Offline wandb in this process: a run folder, and no socket to anything but this machine."""
+    attempts = []
+    real_connect = socket.socket.connect
+
+    def guarded(self, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and host not in ("127.0.0.1", "::1", "localhost") and not host.startswith("/"):
+            attempts.append(address)
+            raise OSError("network disabled in this test")
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-test")
+    report = setup_wandb(WandbConfig(mode="offline", project="codi-test", entity=""), "sft", {"sft": {"lr": 1.0}}, True)
+    assert report == ["wandb"]
+    import wandb
+    assert wandb.run.name == "exp-test-sft" and wandb.run.group == "exp-test"
+    assert wandb.run.config["sft"]["lr"] == 1.0
+    wandb.log({"loss": 1.0})
+    where = finish_wandb(report)
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and where is not None
+    assert attempts == []
+    assert os.environ["WANDB_MODE"] == "offline"
+
+
+def test_wandb_disabled_reports_nowhere(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the environment wins over params
+    assert setup_wandb(WandbConfig(mode="online", project="p", entity=""), "sft", {}, True) == []
