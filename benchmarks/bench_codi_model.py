@@ -135,12 +135,16 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--no-oracle", action="store_true", help="time the batched model only")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-teacher-checkpointing", action="store_true",
+                    help="batched model without activation checkpointing of its teacher pass "
+                         "(codi.gradient_checkpointing: false; the oracle always checkpoints, like the reference)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print(f"device={device} dtype={args.dtype} batch={args.batch} threads={args.threads} repeats={args.repeats} "
+          f"teacher_checkpointing={not args.no_teacher_checkpointing} "
           f"torch={torch.__version__}", flush=True)
     rows = []
     for frames in args.frames:
@@ -152,7 +156,7 @@ def main(argv=None):
             base = tiny_base(seed=args.seed, vocab=2048, hidden=128, layers=4, heads=4, kv_heads=2,
                              intermediate=512, init=0.02).to(device=device, dtype=dtype)
             model = CodiModel(base, TOKEN_IDS, latent_steps=ls, teacher_ce_weight=1.0, student_ce_weight=1.0,
-                              kd_weight=1.0)
+                              kd_weight=1.0, teacher_checkpointing=not args.no_teacher_checkpointing)
             fns = {"batched": lambda: model(examples)}
             if not args.no_oracle:
                 fns["oracle"] = lambda: oracle_forward(model, examples)

@@ -48,6 +48,8 @@ class SyntheticConfig:
     n_programs: int = _f(1000, "number of distinct programs (problems)", ge=1)
     calls_per_program: int = _f(2, "calls (samples) per program, each with fresh inputs", ge=1)
     difficulty: int = _f(2, "1 = straight-line code, 2 = +loops/branches/helpers, 3 = +recursion/nesting", ge=1, le=3)
+    max_int: int = _f(20, "largest free integer argument (0..max_int; loop bounds keep their own ranges)", ge=1, le=99)
+    canonical_names: bool = _f(False, "name variables a, b, c ... in order and the entry f (less to copy: tiny models)")
     seed: int = _f(0, "generator seed; the same seed gives the same programs")
 
 
@@ -172,7 +174,7 @@ class TrainConfig:
     optimizer: Literal["auto", "adamw_torch", "paged_adamw_8bit", "adafactor", "sgd"] = _f(
         "auto", "auto = paged 8-bit AdamW on a GPU with bitsandbytes, AdamW otherwise")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _f("auto", "auto = bf16 where the GPU supports it, fp32 on CPU")
-    gradient_checkpointing: bool = _f(False, "recompute activations in backward (saves memory)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward (saves memory); codi: the teacher's CE pass")
     group_by_length: bool = _f(True, "batch examples of similar length together (less padding: ~2x faster here)")
     torch_threads: int = _f(1, "torch intra-op threads on CPU; 0 = torch's default (1 is fastest for tiny models)", ge=0)
     seed: int = _f(0, "seed of weights-independent randomness (data order, dropout)")

@@ -92,7 +92,8 @@ class CodiModel(nn.Module):
     def __init__(self, base: nn.Module, token_ids: TraceTokenIds, *, latent_steps: int,
                  teacher_ce_weight: float, student_ce_weight: float, kd_weight: float,
                  kd_layers: Sequence[int] | None = None, single_anchor: bool = False,
-                 frozen_teacher: nn.Module | None = None, kd_target: str = "hidden", kd_temp: float = 2.0):
+                 frozen_teacher: nn.Module | None = None, kd_target: str = "hidden", kd_temp: float = 2.0,
+                 teacher_checkpointing: bool = True):
         super().__init__()
         body, head, n_states = split_causal_lm(base, "base")
         if not isinstance(token_ids, TraceTokenIds):
@@ -152,6 +153,9 @@ class CodiModel(nn.Module):
             float(teacher_ce_weight), float(student_ce_weight), float(kd_weight))
         self.kd_layers_arg = None if kd_layers is None else list(kd_layers)
         self.kd_target, self.kd_temp, self.single_anchor = kd_target, float(kd_temp), single_anchor
+        # Recompute the teacher's layers in backward (memory of one layer instead of all); the
+        # student keeps its KV cache either way. codi.gradient_checkpointing.
+        self.teacher_checkpointing = bool(teacher_checkpointing)
         self.n_states = n_states
         self.student_layers = _resolve_layers(eff, n_states)   # indices into the base's hidden_states
         self.teacher_layers = _resolve_layers(eff, t_states)   # indices into the teacher's hidden_states
@@ -172,7 +176,8 @@ class CodiModel(nn.Module):
                              "codi.frozen_teacher = '': a frozen teacher model was passed but the config names none")
         return cls(base, token_ids, latent_steps=cfg.latent_steps, teacher_ce_weight=alpha, student_ce_weight=beta,
                    kd_weight=gamma, kd_layers=cfg.kd_layers, single_anchor=cfg.single_anchor,
-                   frozen_teacher=frozen_teacher, kd_target=cfg.kd_target, kd_temp=cfg.kd_temp)
+                   frozen_teacher=frozen_teacher, kd_target=cfg.kd_target, kd_temp=cfg.kd_temp,
+                   teacher_checkpointing=cfg.gradient_checkpointing)
 
     @property
     def frozen_teacher(self) -> nn.Module | None:
@@ -257,7 +262,7 @@ class CodiModel(nn.Module):
                     return None, t_head(out.last_hidden_state.flatten(0, 1)[anchors])[:, None]
                 return None, self._gather_layers(out, self.teacher_layers, t_states, anchors)
 
-        with activation_checkpointing(self.model, True):
+        with activation_checkpointing(self.model, self.teacher_checkpointing):
             out = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                             output_hidden_states=self._requested(self.teacher_layers, self.n_states))
         flat = out.last_hidden_state.flatten(0, 1)  # [n*T, H]

@@ -32,7 +32,7 @@ from typing import Any
 
 from codi.config import SyntheticConfig
 from codi.sources.base import Sample, normalize_program
-from codi.sources.synthetic_templates import TEMPLATES, Draft
+from codi.sources.synthetic_templates import TEMPLATES, Draft, Gen
 
 NAME = "synthetic"
 MAX_LINES = 12
@@ -89,7 +89,7 @@ def _draw_program(i: int, cfg: SyntheticConfig, templates: list[Any], seen: set[
     for attempt in range(_PROGRAM_ATTEMPTS):
         rng = random.Random(_derive_seed(cfg.seed, i, attempt))
         template = templates[rng.randrange(len(templates))]
-        draft = template.build(rng)
+        draft = template.build(Gen(rng, cfg.max_int, cfg.canonical_names))
         program = normalize_program("\n".join(draft.lines))
         if program in seen or not 3 <= program.count("\n") <= MAX_LINES:
             continue

@@ -43,7 +43,7 @@ class Draft:
 class Template:
     name: str
     level: int
-    build: Callable[[random.Random], Draft]
+    build: Callable[["Gen"], Draft]
 
 
 def small_int(lo: int = 0, hi: int = 20) -> Input:
@@ -61,16 +61,23 @@ def word(min_len: int = 1, max_len: int = 5) -> Input:
 class Gen:
     """Drawing helpers bound to one program: fresh names and one-operation expressions."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, max_int: int = 20, canonical_names: bool = False) -> None:
         self.rng = rng
+        self.max_int = max_int
+        self.canonical_names = canonical_names
         self.used: set[str] = set()
 
     def fresh(self, pool: tuple[str, ...] = VAR_NAMES) -> str:
-        """A name from `pool` not used yet in this program (from VAR_NAMES once `pool` is used up)."""
+        """A name from `pool` not used yet in this program (from VAR_NAMES once `pool` is used up):
+        random, or with `canonical_names` the first free one in pool order (a, b, c, ...; entry f)."""
         free = [n for n in pool if n not in self.used] or [n for n in VAR_NAMES if n not in self.used]
-        name = self.rng.choice(free)
+        name = free[0] if self.canonical_names else self.rng.choice(free)
         self.used.add(name)
         return name
+
+    def small_int(self) -> Input:
+        """A free integer argument: 0..max_int (SyntheticConfig.max_int)."""
+        return small_int(0, self.max_int)
 
     def names(self, n: int, pool: tuple[str, ...] = VAR_NAMES) -> list[str]:
         return [self.fresh(pool) for _ in range(n)]
@@ -106,8 +113,8 @@ def func(name: str, params: list[str], body: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------ level 1: straight line + branch
-def arith_chain(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def arith_chain(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     params = g.names(rng.randint(1, 3))
     known, body = list(params), []
@@ -117,11 +124,11 @@ def arith_chain(rng: random.Random) -> Draft:
         body.append(f"{v} = {g.arith(a, b if b != a else None)}")
         known.append(v)
     body.append(f"return {g.arith(known[-1], known[-2], both=True)}" if g.maybe() else f"return {known[-1]}")
-    return Draft(func(name, params, body), name, [small_int()] * len(params))
+    return Draft(func(name, params, body), name, [g.small_int()] * len(params))
 
 
-def branch(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def branch(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     a, b, v = g.names(3)
     body = [f"{v} = {g.arith(a, b)}", f"if {g.cond(v, rng.choice([a, b, None]))}:",
@@ -131,11 +138,11 @@ def branch(rng: random.Random) -> Draft:
     if g.maybe(0.7):
         body += ["else:", f"    {v} = {g.arith(v, rng.choice([a, b]))}"]
     body.append(f"return {g.arith(v, rng.choice([a, b]))}" if g.maybe() else f"return {v}")
-    return Draft(func(name, [a, b], body), name, [small_int(), small_int()])
+    return Draft(func(name, [a, b], body), name, [g.small_int(), g.small_int()])
 
 
-def early_return(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def early_return(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     params = g.names(rng.randint(2, 3))
     t = g.fresh()
@@ -144,23 +151,23 @@ def early_return(rng: random.Random) -> Draft:
     if g.maybe(0.5):
         body += [f"if {g.cond(rng.choice(params), t)}:", f"    return {g.arith(rng.choice(params), t)}"]
     body.append(f"return {g.arith(t, rng.choice(params))}")
-    return Draft(func(name, params, body), name, [small_int()] * len(params))
+    return Draft(func(name, params, body), name, [g.small_int()] * len(params))
 
 
-def ternary(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def ternary(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     a, b, m, w = g.names(4)
     body = [f"{m} = {a} if {g.cond(a, b)} else {b}", f"{w} = {g.arith(m, rng.choice([a, b]))}",
             f"return {g.arith(w, m, both=True)}"]
     if g.maybe(0.5):
         body.insert(1, f"{m} = {g.arith(m)}")
-    return Draft(func(name, [a, b], body), name, [small_int(), small_int()])
+    return Draft(func(name, [a, b], body), name, [g.small_int(), g.small_int()])
 
 
 # ------------------------------------------------ level 2: loops, lists, strings, dicts, helpers
-def for_range(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def for_range(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     n, a, acc = g.names(3)
     i = g.fresh(LOOP_NAMES)
@@ -176,8 +183,8 @@ def for_range(rng: random.Random) -> Draft:
     return Draft(func(name, [n, a], body), name, [small_int(2, 6), small_int(0, 9)])
 
 
-def while_loop(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def while_loop(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     x, k, cnt = g.names(3)
     if g.maybe():
@@ -192,8 +199,8 @@ def while_loop(rng: random.Random) -> Draft:
     return Draft(func(name, [x, k], body), name, inputs)
 
 
-def list_accumulate(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def list_accumulate(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     xs, acc = g.names(2)
     v = g.fresh(LOOP_NAMES)
@@ -205,8 +212,8 @@ def list_accumulate(rng: random.Random) -> Draft:
     return Draft(func(name, [xs], body), name, [int_list()])
 
 
-def list_build(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def list_build(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     xs, k, out = g.names(3)
     v = g.fresh(LOOP_NAMES)
@@ -220,8 +227,8 @@ def list_build(rng: random.Random) -> Draft:
     return Draft(func(name, [xs, k], body), name, [int_list(), small_int(0, 9)])
 
 
-def list_ops(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def list_ops(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     xs, k, a, ys, s = g.names(5)
     body = [f"{a} = {xs}[0] {rng.choice('+-*')} {xs}[-1]",
@@ -234,8 +241,8 @@ def list_ops(rng: random.Random) -> Draft:
     return Draft(func(name, [xs, k], body), name, [int_list(0, 9, 2, 5), small_int(0, 3)])
 
 
-def string_loop(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def string_loop(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     s, out = g.names(2)
     ch = g.fresh(("ch", "c", "x", "letter", "el"))
@@ -248,8 +255,8 @@ def string_loop(rng: random.Random) -> Draft:
     return Draft(func(name, [s], body), name, [word(2, 4)])
 
 
-def string_ops(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def string_ops(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     s, n, t, u = g.names(4)
     body = [f"{t} = {rng.choice([f'{s} + {s}[0]', f'{s}[::-1]', f'{s} + {s}[-1]', f'{s}[1:] + {s}[0]'])}",
@@ -261,8 +268,8 @@ def string_ops(rng: random.Random) -> Draft:
     return Draft(func(name, [s, n], body), name, [word(1, 4), small_int(0, 3)])
 
 
-def dict_count(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def dict_count(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     xs, d = g.names(2)
     v = g.fresh(LOOP_NAMES)
@@ -274,8 +281,8 @@ def dict_count(rng: random.Random) -> Draft:
     return Draft(func(name, [xs], body), name, [items])
 
 
-def dict_map(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def dict_map(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     s, d = g.names(2)
     i = g.fresh(("i", "j", "k", "idx", "pos"))
@@ -285,8 +292,8 @@ def dict_map(rng: random.Random) -> Draft:
     return Draft(func(name, [s], body), name, [word(2, 5)])
 
 
-def helper_call(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def helper_call(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     helper = g.fresh(HELPER_NAMES)
     hv = g.fresh()
@@ -303,13 +310,13 @@ def helper_call(rng: random.Random) -> Draft:
         x, y, a, b = g.names(4)
         body = [f"{a} = {helper}({x})", f"{b} = {helper}({g.arith(a, y, both=True)})",
                 f"return {g.arith(a, b, both=True)}"]
-        params, inputs = [x, y], [small_int(), small_int(0, 9)]
+        params, inputs = [x, y], [g.small_int(), small_int(0, 9)]
     lines = func(helper, [hv], hbody) + [""] + func(name, params, body)
     return Draft(lines, name, inputs)
 
 
-def scan_best(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def scan_best(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     xs, best, pos = g.names(3)
     i = g.fresh(("i", "j", "k", "idx"))
@@ -321,8 +328,8 @@ def scan_best(rng: random.Random) -> Draft:
 
 
 # ------------------------------------------------------------- level 3: recursion, nested loops
-def recursion_int(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def recursion_int(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     rec = g.fresh(REC_NAMES)
     n = g.fresh(("n", "k", "m", "x", "depth"))
@@ -338,8 +345,8 @@ def recursion_int(rng: random.Random) -> Draft:
     return Draft(lines, name, [small_int(1, 5)])
 
 
-def recursion_list(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def recursion_list(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(REC_NAMES + ENTRY_NAMES[:3])
     xs = g.fresh(("xs", "items", "vals", "nums", "lst"))
     v = f"{xs}[0]"
@@ -354,8 +361,8 @@ def recursion_list(rng: random.Random) -> Draft:
     return Draft(func(name, [xs], rbody), name, [int_list(0, 9, 1, 4)])
 
 
-def recursion_str(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def recursion_str(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(REC_NAMES + ENTRY_NAMES[:3])
     s = g.fresh(("s", "w", "text", "word"))
     step = rng.choice([f"{name}({s}[1:]) + {s}[0]", f"{s}[-1] + {name}({s}[:-1])",
@@ -367,8 +374,8 @@ def recursion_str(rng: random.Random) -> Draft:
     return Draft(func(name, [s], rbody), name, [word(1, 4)])
 
 
-def nested_range(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def nested_range(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     a, b, acc = g.names(3)
     i, j = g.fresh(("i", "x", "r")), g.fresh(("j", "y", "c"))
@@ -382,8 +389,8 @@ def nested_range(rng: random.Random) -> Draft:
     return Draft(func(name, [a, b], body), name, [small_int(1, 3), small_int(1, 3)])
 
 
-def nested_lists(rng: random.Random) -> Draft:
-    g = Gen(rng)
+def nested_lists(g: Gen) -> Draft:
+    rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     xs, ys, out = g.names(3)
     x, y = g.fresh(("x", "a", "p")), g.fresh(("y", "b", "q"))

@@ -186,6 +186,7 @@ def run(params: Params, cache_dir: Path, sft: Path, out: Path, checkpoints: Path
     dtype = torch.bfloat16 if _use_bf16(cfg) else torch.float32
     base = AutoModelForCausalLM.from_pretrained(sft, dtype=dtype)
     teacher = AutoModelForCausalLM.from_pretrained(teacher_path, dtype=dtype) if teacher_path else None
+    torch.manual_seed(cfg.seed)  # the projector's initialisation: a rerun (or a resume) starts from the same one
     try:
         model = CodiModel.from_config(base, token_ids(tok), cfg, params.alpha, params.beta, params.gamma,
                                       frozen_teacher=teacher)
