@@ -79,13 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        return _dispatch(args, params) or 0
+        return _dispatch(args, params, argv) or 0
     except ConfigError as e:  # a value that is only wrong in context (a missing model path, ...)
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
-def _dispatch(args: argparse.Namespace, params) -> int | None:
+def _dispatch(args: argparse.Namespace, params, argv: list[str] | None = None) -> int | None:
     # Imports are per command: `extract` must not pay for torch, `params` for anything.
     if args.command == "params":
         from codi.config import describe, to_dict
@@ -102,6 +102,11 @@ def _dispatch(args: argparse.Namespace, params) -> int | None:
     if args.command == "precompute":
         from codi.stages import precompute
         return precompute.run(params, traces_dir=args.traces, cache_dir=args.cache, base_out=args.base_out)
+    if args.command in ("sft", "sft_direct", "codi"):
+        from codi.launch import maybe_relaunch
+        code = maybe_relaunch(getattr(params, args.command).cpu_processes, sys.argv[1:] if argv is None else argv)
+        if code is not None:
+            return code
     if args.command in ("sft", "sft_direct"):
         from codi.stages import sft
         return sft.run(params, stage=args.command, cache_dir=args.cache, base=args.base, out=args.out,

@@ -177,6 +177,8 @@ class TrainConfig:
     gradient_checkpointing: bool = _f(False, "recompute activations in backward (saves memory); codi: the teacher's CE pass")
     group_by_length: bool = _f(True, "batch examples of similar length together (less padding: ~2x faster here)")
     torch_threads: int = _f(1, "torch intra-op threads on CPU; 0 = torch's default (1 is fastest for tiny models)", ge=0)
+    cpu_processes: int = _f(1, "data-parallel CPU processes (gloo) when there is no GPU; global batch = "
+                                "batch_size x processes x grad_accum", ge=1)
     seed: int = _f(0, "seed of weights-independent randomness (data order, dropout)")
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from codi.__main__ import main
 from tests.tiny import tiny_params, write_params
@@ -85,12 +86,22 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(ws, stage):
         assert all((pa[k] == pb[k]).all() for k in pa)
 
 
-@pytest.mark.parametrize("stage", ["sft", "codi"])
-def test_two_process_gloo_ddp(ws, stage):
+@pytest.mark.parametrize("stage, launch", [("sft", "torchrun"), ("codi", "cpu_processes")])
+def test_two_process_gloo_ddp(ws, stage, launch):
+    """Under torchrun, and by `<stage>.cpu_processes: 2` (the stage relaunches itself under torchrun)."""
     if stage == "codi" and not (ws / "models/sft").exists():
         run(ws, stage_cmd("sft", "models/sft", "ck/sft-base"))
-    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
-    proc = run(ws, stage_cmd(stage, f"ddp-{stage}", f"ck/ddp-{stage}", torchrun), timeout=400)
+    if launch == "torchrun":
+        cmd = stage_cmd(stage, f"ddp-{stage}", f"ck/ddp-{stage}",
+                        ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    else:
+        params = yaml.safe_load((ws / "params.yaml").read_text())
+        params[stage]["cpu_processes"] = 2
+        write_params(ws / "ddp.yaml", params)
+        cmd = [c if c != "params.yaml" else "ddp.yaml" for c in stage_cmd(stage, f"ddp-{stage}", f"ck/ddp-{stage}")]
+    proc = run(ws, cmd, timeout=400)
+    if launch == "cpu_processes":
+        assert "launching 2 data-parallel CPU processes" in proc.stdout
     metrics = json.loads((ws / f"m/ddp-{stage}.json").read_text())
     assert metrics["steps"] == (40 if stage == "sft" else 12)
     assert (ws / f"ddp-{stage}" / "model.safetensors").is_file()
