@@ -50,6 +50,8 @@ class SyntheticConfig:
     difficulty: int = _f(2, "1 = straight-line code, 2 = +loops/branches/helpers, 3 = +recursion/nesting", ge=1, le=3)
     max_int: int = _f(20, "largest free integer argument (0..max_int; loop bounds keep their own ranges)", ge=1, le=99)
     canonical_names: bool = _f(False, "name variables a, b, c ... in order and the entry f (less to copy: tiny models)")
+    operators: list[str] = _f(["+", "-", "*", "//", "%", "max", "min", "abs"], "integer operations the templates "
+                              "may draw", choices=("+", "-", "*", "//", "%", "max", "min", "abs"), nonempty=True)
     seed: int = _f(0, "generator seed; the same seed gives the same programs")
 
 

@@ -89,7 +89,7 @@ def _draw_program(i: int, cfg: SyntheticConfig, templates: list[Any], seen: set[
     for attempt in range(_PROGRAM_ATTEMPTS):
         rng = random.Random(_derive_seed(cfg.seed, i, attempt))
         template = templates[rng.randrange(len(templates))]
-        draft = template.build(Gen(rng, cfg.max_int, cfg.canonical_names))
+        draft = template.build(Gen(rng, cfg.max_int, cfg.canonical_names, tuple(cfg.operators)))
         program = normalize_program("\n".join(draft.lines))
         if program in seen or not 3 <= program.count("\n") <= MAX_LINES:
             continue

@@ -28,6 +28,7 @@ VAR_NAMES = ("a", "b", "c", "d", "e", "k", "m", "n", "p", "q", "r", "s", "t", "u
              "left", "right", "base", "mark", "item", "pos", "lo", "hi", "j", "i")
 LOOP_NAMES = ("i", "j", "k", "x", "v", "n", "idx", "item", "el", "ch", "c")
 LETTERS = "abcdeimnorstxyz"
+OPERATORS = ("+", "-", "*", "//", "%", "max", "min", "abs")  # what Gen.arith may draw
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,10 @@ def word(min_len: int = 1, max_len: int = 5) -> Input:
 class Gen:
     """Drawing helpers bound to one program: fresh names and one-operation expressions."""
 
-    def __init__(self, rng: random.Random, max_int: int = 20, canonical_names: bool = False) -> None:
+    def __init__(self, rng: random.Random, max_int: int = 20, canonical_names: bool = False,
+                 operators: tuple[str, ...] = OPERATORS) -> None:
         self.rng = rng
+        self.operators = operators
         self.max_int = max_int
         self.canonical_names = canonical_names
         self.used: set[str] = set()
@@ -86,14 +89,17 @@ class Gen:
         return self.rng.randint(lo, hi)
 
     def arith(self, a: str, b: str | None = None, both: bool = False) -> str:
-        """One integer operation on `a` (and `b`; with `both`, certainly on both)."""
+        """One integer operation on `a` (and `b`; with `both`, certainly on both), among `operators`."""
         forms = [] if both and b is not None else [
-            f"{a} + {self.c()}", f"{a} - {self.c()}", f"{a} * {self.c(2, 3)}",
-            f"{a} // {self.c(2, 3)}", f"{a} % {self.c(2, 7)}"]
+            ("+", f"{a} + {self.c()}"), ("-", f"{a} - {self.c()}"), ("*", f"{a} * {self.c(2, 3)}"),
+            ("//", f"{a} // {self.c(2, 3)}"), ("%", f"{a} % {self.c(2, 7)}")]
         if b is not None:
-            forms += [f"{a} + {b}", f"{a} - {b}", f"{b} - {a}", f"{a} * {b}", f"max({a}, {b})",
-                      f"min({a}, {b})", f"abs({a} - {b})", f"({a} + {b}) % {self.c(3, 9)}"]
-        return self.rng.choice(forms)
+            forms += [("+", f"{a} + {b}"), ("-", f"{a} - {b}"), ("-", f"{b} - {a}"), ("*", f"{a} * {b}"),
+                      ("max", f"max({a}, {b})"), ("min", f"min({a}, {b})"), ("abs", f"abs({a} - {b})"),
+                      ("%", f"({a} + {b}) % {self.c(3, 9)}")]
+        allowed = [text for op, text in forms if op in self.operators]
+        # Every template needs some operation: fall back to + / - when the allowed ones do not fit here.
+        return self.rng.choice(allowed or [text for op, text in forms if op in ("+", "-")])
 
     def cond(self, a: str, b: str | None = None, hi: int = 9) -> str:
         """One comparison of `a` (with `b`, or a constant up to `hi`: the range `a` lives in)."""
