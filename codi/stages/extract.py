@@ -32,8 +32,10 @@ SCHEMA = pa.schema([
     ("program", pa.string()), ("call", pa.string()), ("setup", pa.string()),
     ("frames", pa.list_(FRAME_TYPE)), ("trace_text", pa.string()), ("return_repr", pa.string()),
     ("expected", pa.string()), ("match", pa.bool_()), ("status", pa.string()), ("reason", pa.string()),
-    ("n_frames", pa.int32()), ("time_s", pa.float64()), ("output", pa.string()),
+    ("n_frames", pa.int32()), ("output", pa.string()),
 ])
+# No wall times in the rows: they differ from run to run, and DVC hashes data/traces; the same
+# sources and params give byte-identical files. The slowest samples are named on stdout instead.
 
 
 def result_row(sample: Sample, result: TraceResult) -> dict:
@@ -44,7 +46,7 @@ def result_row(sample: Sample, result: TraceResult) -> dict:
                    for f in result.frames],
         "trace_text": render_trace(list(result.frames)), "return_repr": result.return_repr,
         "expected": sample.expected, "match": result.match, "status": result.status, "reason": result.reason,
-        "n_frames": len(result.frames), "time_s": round(result.time_s, 6), "output": result.output,
+        "n_frames": len(result.frames), "output": result.output,
     }
 
 
@@ -69,10 +71,18 @@ def source_stats(rows: list[dict], skipped: int) -> dict:
     }
 
 
-def trace_samples(pool: TracerPool, samples: list[Sample], desc: str) -> list[dict]:
-    results = pool.trace(samples)
-    return [result_row(s, r) for s, r in zip(samples, tqdm(results, total=len(samples), desc=desc,
-                                                            unit="sample", leave=False))]
+def trace_samples(pool: TracerPool, samples: list[Sample], desc: str) -> tuple[list[dict], list[tuple[float, str]]]:
+    """(rows, [(wall seconds, sample id)] of each sample)."""
+    rows, times = [], []
+    for s, r in zip(samples, tqdm(pool.trace(samples), total=len(samples), desc=desc, unit="sample", leave=False)):
+        rows.append(result_row(s, r))
+        times.append((r.time_s, s.sample_id))
+    return rows, times
+
+
+def slowest_line(times: list[tuple[float, str]], k: int = 3) -> str:
+    top = sorted(times, reverse=True)[:k]
+    return "  slowest: " + ", ".join(f"{sid} {t:.2f}s" for t, sid in top) if top else ""
 
 
 def summary_line(source: str, st: dict, seconds: float) -> str:
@@ -93,10 +103,11 @@ def run(params: Params, out_dir: Path, metrics: Path = Path("metrics/extract.jso
         print(f"extract: sandbox isolation: {pool.isolation}")
         for source, load in loads.items():
             t0 = time.time()
-            rows = trace_samples(pool, load.samples, source)
+            rows, times = trace_samples(pool, load.samples, source)
             write_rows(rows, out_dir / f"{source}.parquet")
             stats[source] = source_stats(rows, len(load.skipped))
             print(summary_line(source, stats[source], time.time() - t0))
+            print(slowest_line(times))
     total = Counter()
     for st in stats.values():
         total.update({"samples": st["samples"], **st["status"]})
@@ -117,10 +128,11 @@ def trace_file(params: Params, source: str, path: str | None, out: Path) -> int:
     load = load_samples(source, cfg, path=path)
     t0 = time.time()
     with TracerPool(cfg.trace, cfg.sandbox, cfg.workers) as pool:
-        rows = trace_samples(pool, load.samples, source)
+        rows, times = trace_samples(pool, load.samples, source)
     write_rows(rows, out)
     st = source_stats(rows, len(load.skipped))
     print(summary_line(source, st, time.time() - t0) + f" -> {out}")
+    print(slowest_line(times))
     for where, why in [(s.where, s.why) for s in load.skipped][:20]:
         print(f"  no sample from {where}: {why}")
     return 0

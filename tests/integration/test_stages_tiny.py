@@ -47,6 +47,14 @@ def test_extract_writes_traces_and_stats(ws):
     assert stats["synthetic"]["status"] == {"ok": 80}
 
 
+def test_extract_is_byte_identical_on_a_rerun(ws):
+    """DVC hashes data/traces: the same params must give the same bytes (no wall times, no pids)."""
+    again = ws / "traces_again"
+    assert cli(ws, "extract", "--out", str(again), "--metrics", str(again / "metrics.json")) == 0
+    for name in ("synthetic.parquet", "stats.json"):
+        assert (again / name).read_bytes() == (ws / "data/traces" / name).read_bytes(), name
+
+
 def test_precompute_cache_spans_and_base(ws):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
