@@ -13,7 +13,7 @@ export WANDB_SILENT := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test test-slow test-all install bench repro status git-repo
+.PHONY: run test test-slow test-all install bench repro status compare git-repo
 
 install: $(STAMP)
 
@@ -47,6 +47,11 @@ test-slow: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "slow or not slow"
+
+# The experiments side by side: the params that differ and the evaluation, nothing else.
+EXP_DROP := Created|.*_loss.*|metrics/codi.json:.*|val_.*|examples_per_s|(humaneval|synthetic)\..*|.*\.n$$|.*_time_ms|models/.*|data/.*
+compare: $(STAMP)
+	@$(BIN)/dvc exp show --md --no-pager --only-changed --drop '$(EXP_DROP)' --keep '(explicit|latent|direct)\.output_accuracy'
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -3,13 +3,13 @@
     python benchmarks/bench_codi_model.py                       # CPU, 1 thread, batch 8, 16/32 frames, latent 1/3
     python benchmarks/bench_codi_model.py --device cuda --batch 32 --dtype bf16
 
-Model: the embedded default's shape (params.yaml model.tiny: hidden 128, 4 layers, 4 heads, 2 kv heads,
-MLP 512, vocab 2048, tied), random weights. Examples: synthetic traces with the given number of LINE
-frames (plus call/return frames), prompts of 60-160 tokens. Both implementations run in this one
-process on the same weights and batches, timed runs alternating between them (best of --repeats);
-the table reports examples/s (forward + backward), peak memory of one forward+backward above the
-pre-run baseline (CPU: RSS sampled every ms after malloc_trim; CUDA: torch.cuda.max_memory_allocated),
-base-model calls per batch, and the relative difference of the two losses (a sanity check).
+Model: the embedded default's shape, read from params.yaml `model.tiny` (--params), random weights.
+Examples: synthetic traces with the given number of LINE frames (plus call/return frames), prompts
+of 60-160 tokens. Both implementations run in this one process on the same weights and batches, timed runs alternating
+between them (best of --repeats); the table reports examples/s (forward + backward), peak memory of
+one forward+backward above the pre-run baseline (CPU: RSS sampled every ms after malloc_trim; CUDA:
+torch.cuda.max_memory_allocated), base-model calls per batch, and the relative difference of the two
+losses (a sanity check).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from codi.config import load_params  # noqa: E402
 from codi.modeling import CodiModel  # noqa: E402
 from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, tiny_base  # noqa: E402
 
@@ -135,26 +136,31 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--no-oracle", action="store_true", help="time the batched model only")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--params", type=Path, default=Path(__file__).resolve().parents[1] / "params.yaml",
+                    help="the model shape is this file's model.tiny section")
     ap.add_argument("--no-teacher-checkpointing", action="store_true",
                     help="batched model without activation checkpointing of its teacher pass "
                          "(codi.gradient_checkpointing: false; the oracle always checkpoints, like the reference)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    tiny = load_params(args.params).model.tiny
+    shape = dict(vocab=tiny.vocab_size, hidden=tiny.hidden_size, layers=tiny.num_layers, heads=tiny.num_heads,
+                 kv_heads=tiny.num_kv_heads, intermediate=tiny.intermediate_size, tie=tiny.tie_word_embeddings)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print(f"device={device} dtype={args.dtype} batch={args.batch} threads={args.threads} repeats={args.repeats} "
           f"teacher_checkpointing={not args.no_teacher_checkpointing} "
           f"torch={torch.__version__}", flush=True)
+    print("model: " + ", ".join(f"{k} {v}" for k, v in shape.items()) + f" (model.tiny of {args.params.name})", flush=True)
     rows = []
     for frames in args.frames:
         rng = random.Random(args.seed + frames)
-        examples = [make_example(rng, frames, vocab=2048, prompt_len=(60, 160), locals_len=(3, 12), code_len=(4, 14))
+        examples = [make_example(rng, frames, vocab=shape["vocab"], prompt_len=(60, 160), locals_len=(3, 12), code_len=(4, 14))
                     for _ in range(args.batch)]
         n_tok = sum(len(e["prompt_ids"]) + len(e["trace_ids"]) for e in examples) / len(examples)
         for ls in args.latent_steps:
-            base = tiny_base(seed=args.seed, vocab=2048, hidden=128, layers=4, heads=4, kv_heads=2,
-                             intermediate=512, init=0.02).to(device=device, dtype=dtype)
+            base = tiny_base(seed=args.seed, init=0.02, **shape).to(device=device, dtype=dtype)
             model = CodiModel(base, TOKEN_IDS, latent_steps=ls, teacher_ce_weight=1.0, student_ce_weight=1.0,
                               kd_weight=1.0, teacher_checkpointing=not args.no_teacher_checkpointing)
             fns = {"batched": lambda: model(examples)}
