@@ -68,7 +68,27 @@ def test_repro_then_status_is_clean_and_no_op_repro_runs_nothing(repo):
 
 
 def dry(repo: Path) -> list[str]:
-    return sorted(ran(dvc(repo, "repro", "--dry")))
+    """The stages a `dvc repro` would run now.
+
+    `dvc repro --dry` lists only the stages whose own deps or params changed: it cannot know that a
+    stage's rerun writes new outs. Every change here does change them (new params, new data, new
+    code), so the stages downstream of a listed one rerun too: close the list over `dvc dag`'s edges."""
+    from pipelines.dvc import parse_dot
+
+    stale = set(ran(dvc(repo, "repro", "--dry")))
+    _, edges = parse_dot(dvc(repo, "dag", "--dot"))
+    while True:
+        more = {b for a, b in edges if a in stale} - stale
+        if not more:
+            return sorted(stale)
+        stale |= more
+
+
+def test_dag_edges_run_upstream_to_downstream(repo):
+    from pipelines.dvc import parse_dot
+
+    _, edges = parse_dot(dvc(repo, "dag", "--dot"))
+    assert ("extract", "precompute") in edges and ("codi", "evaluate") in edges
 
 
 def test_a_change_reruns_exactly_what_it_affects(repo):
