@@ -3,8 +3,8 @@
     python benchmarks/bench_precompute.py [--programs 1500] [--batch 256]
 
 Traces synthetic programs in the sandbox, trains the tiny default tokenizer on them, then measures in one
-run, on the same examples: (a) the stage's path, `codi.spans.encode_examples` (one fast-tokenizer call per
-batch with character offsets, spans from offsets, every span verified by a batched decode); (b) the naive
+run, on the same examples: (a) the stage's path, `codi.spans.encode_examples` (one call of the Rust tokenizer
+per batch, spans from its character-to-token map, every span verified by one batched decode); (b) the naive
 path, `tokenizer(text)` per example and spans by searching the token ids (`codi.spans.encode_naive`,
 which verifies nothing). Prints examples/s of each and the ratio, and checks both found the same spans.
 """
@@ -52,7 +52,7 @@ def main() -> None:
 
     timings = {}
     outputs = {}
-    for name, fn in (("batched+offsets (stage)", batched), ("one-at-a-time+id search", naive)):
+    for name, fn in (("batched+char map (stage)", batched), ("one-at-a-time+id search", naive)):
         best = float("inf")
         for _ in range(args.repeat):
             t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def main() -> None:
     print(f"{'path':28s} {'examples/s':>12s} {'seconds':>9s}")
     for name, sec in timings.items():
         print(f"{name:28s} {n / sec:12.0f} {sec:9.3f}")
-    slow, fast = timings["one-at-a-time+id search"], timings["batched+offsets (stage)"]
+    slow, fast = timings["one-at-a-time+id search"], timings["batched+char map (stage)"]
     print(f"ratio (batched / naive): {slow / fast:.2f}x  (the batched path also verifies every span by decoding it)")
 
 

@@ -28,30 +28,57 @@ class Encoded:
     spans: list[tuple[int, int]]
 
 
+def _rust_backend(tokenizer):
+    """The `tokenizers.Tokenizer` under a HF fast tokenizer, or None (a slow tokenizer).
+
+    Calling it directly skips the HF wrapper's per-token Python conversions (BatchEncoding,
+    `to_py_obj` over every id), which cost more than the tokenization itself on short texts. The ids
+    are the same: the wrapper's __call__ (no padding/truncation) and batch_decode (no clean-up) are
+    thin layers over these calls; the benchmark and tests compare against the wrapper path."""
+    if getattr(tokenizer, "is_fast", False):
+        return getattr(tokenizer, "backend_tokenizer", None)
+    return None
+
+
 def encode_examples(tokenizer, prompts: list[str], traces: list[str],
                     locals_char_spans: list[list[tuple[int, int]]], names: list[str] | None = None,
                     ids: TraceTokenIds | None = None) -> list[Encoded]:
     """Tokenize a batch and find every span; `names` (sample ids) go into error messages."""
     ids = ids or token_ids(tokenizer)
     names = names or [f"example {k}" for k in range(len(traces))]
-    p_enc = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    t_enc = tokenizer(traces, add_special_tokens=False, return_offsets_mapping=True)
+    backend = _rust_backend(tokenizer)
+    if backend is not None:
+        p_ids = [e.ids for e in backend.encode_batch_fast(prompts, add_special_tokens=False)]
+        t_enc = backend.encode_batch(traces, add_special_tokens=False)
+        t_ids = [e.ids for e in t_enc]
+        # The token holding a character, asked of Rust for the two boundary characters of each span
+        # (no per-token offsets list in Python).
+        token_at = [e.char_to_token for e in t_enc]
+    else:
+        p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        enc = tokenizer(traces, add_special_tokens=False, return_offsets_mapping=True)
+        t_ids = enc["input_ids"]
+        token_at = [{s: n for n, (s, e) in enumerate(offsets) if e > s}.get for offsets in enc["offset_mapping"]]
     out, checks = [], []
-    for k, (tids, offsets) in enumerate(zip(t_enc["input_ids"], t_enc["offset_mapping"])):
-        start_to_token = {s: n for n, (s, e) in enumerate(offsets) if e > s}
+    for k, tids in enumerate(t_ids):
         spans = []
         for cs, ce in locals_char_spans[k]:
-            i = start_to_token.get(cs - len(LINE_SEP))
-            j = start_to_token.get(ce)
+            # <|line_sep|> and <|action_sep|> are atomic and cannot overlap an occurrence of themselves,
+            # so a boundary token with the right id starts exactly at the boundary character.
+            i = token_at[k](cs - len(LINE_SEP))
+            j = token_at[k](ce)
             if i is None or j is None or tids[i] != ids.line_sep or tids[j] != ids.action_sep or j <= i + 1:
                 raise SpanError(f"{names[k]}: locals at characters [{cs}, {ce}) are not bounded by "
                                 f"{LINE_SEP} / {ACTION_SEP} tokens (tokens {i}, {j})")
             spans.append((i, j))
             checks.append((k, i, j, traces[k][cs:ce]))
-        out.append(Encoded(list(p_enc[k]), list(tids) + [ids.eos], spans))
+        out.append(Encoded(list(p_ids[k]), list(tids) + [ids.eos], spans))
     # One batched decode of every span: the invariant is checked on every example written.
-    decoded = tokenizer.batch_decode([out[k].trace_ids[i + 1:j] for k, i, j, _ in checks],
-                                     skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    pieces = [out[k].trace_ids[i + 1:j] for k, i, j, _ in checks]
+    if backend is not None:
+        decoded = backend.decode_batch(pieces, skip_special_tokens=False)
+    else:
+        decoded = tokenizer.batch_decode(pieces, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     for (k, i, j, want), got in zip(checks, decoded):
         if got != want:
             raise SpanError(f"{names[k]}: span ({i}, {j}) decodes to {got[:60]!r}, expected the locals {want[:60]!r}")

@@ -101,8 +101,11 @@ def test_spans_are_exact_on_crafted_traces(which, tiny_tok):
         assert tok.decode(enc.trace_ids[i + 1:j], skip_special_tokens=False,
                           clean_up_tokenization_spaces=False) == frame.locals
     assert enc.trace_ids[-1] == ids.eos
-    # The naive one-at-a-time id search agrees (special tokens are atomic).
-    assert encode_naive(tok, prompt, trace, ids).spans == enc.spans
+    # The naive one-at-a-time id search agrees (special tokens are atomic), and the Rust-backend ids
+    # are the HF wrapper's.
+    naive = encode_naive(tok, prompt, trace, ids)
+    assert naive.spans == enc.spans
+    assert (naive.prompt_ids, naive.trace_ids) == (enc.prompt_ids, enc.trace_ids)
 
 
 def test_span_of_one_token_and_empty_locals(tiny_tok):
