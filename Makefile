@@ -49,7 +49,7 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "slow or not slow"
 
 # The experiments side by side: the params that differ and the evaluation, nothing else.
-EXP_DROP := Created|.*_loss.*|metrics/codi.json:.*|val_.*|examples_per_s|(humaneval|synthetic)\..*|.*\.n$$|.*_time_ms|models/.*|data/.*
+EXP_DROP := Created|.*_loss.*|metrics/(codi|sft|sft_direct|precompute|extract)\.json:.*|val_.*|examples_per_s|tokens_per_s|train_runtime_s|steps|examples|(humaneval|synthetic|total|tokens|splits|dropped)\..*|vocab_size|.*\.n$$|.*_time_ms|models/.*|data/.*|codi/.*
 compare: $(STAMP)
 	@$(BIN)/dvc exp show --md --no-pager --only-changed --drop '$(EXP_DROP)' --keep '(explicit|latent|direct)\.output_accuracy'
 

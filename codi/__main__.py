@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--traces", type=Path, default=Path("data/traces"))
     p.add_argument("--cache", type=Path, default=Path("data/cache"))
     p.add_argument("--base-out", type=Path, default=Path("models/base"))
+    p.add_argument("--metrics", type=Path, default=Path("metrics/precompute.json"), help="DVC metrics file")
 
     for name, what in (("sft", "stage 1: fine-tune on prompt + explicit trace"),
                        ("sft_direct", "the no-trace baseline: prompt -> answer")):
@@ -101,7 +102,8 @@ def _dispatch(args: argparse.Namespace, params, argv: list[str] | None = None) -
         return extract.trace_file(params, source=args.source, path=args.path, out=args.out)
     if args.command == "precompute":
         from codi.stages import precompute
-        return precompute.run(params, traces_dir=args.traces, cache_dir=args.cache, base_out=args.base_out)
+        return precompute.run(params, traces_dir=args.traces, cache_dir=args.cache, base_out=args.base_out,
+                              metrics=args.metrics)
     if args.command in ("sft", "sft_direct", "codi"):
         from codi.launch import maybe_relaunch
         code = maybe_relaunch(getattr(params, args.command).cpu_processes, sys.argv[1:] if argv is None else argv)

@@ -1,12 +1,15 @@
 """Stage `precompute`: traces -> tokenizer + base model + split caches with exact locals spans.
 
     python -m codi precompute [--traces data/traces] [--cache data/cache] [--base-out models/base]
+                              [--metrics metrics/precompute.json]
 
 Reads every `data/traces/<source>.parquet`, keeps `ok` traces, splits by problem (stable hash),
 builds the base model (`model.base`: tiny from scratch with a BPE trained on the train split, or a
 hub/local model with the trace tokens added), tokenizes in batches, locates and verifies every LINE
 frame's locals span, applies the `max_frames` / `max_seq_len` filters, and writes
-`data/cache/{train,val,test,holdout}.arrow`, `data/cache/manifest.json` (DVC metrics) and `models/base/`.
+`data/cache/{train,val,test,holdout}.arrow`, `data/cache/manifest.json` (what the training stages
+check: format version, tokenizer and split digests, the params that made it) and `models/base/`, plus
+the counts of the manifest as DVC metrics (`metrics/precompute.json`, kept in git).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def load_ok_traces(traces_dir: Path, pc_cfg, dropped: dict[str, Counter]) -> lis
     return rows
 
 
-def run(params: Params, traces_dir: Path, cache_dir: Path, base_out: Path) -> int:
+def run(params: Params, traces_dir: Path, cache_dir: Path, base_out: Path,
+        metrics: Path = Path("metrics/precompute.json")) -> int:
     t0 = time.time()
     pc_cfg, model_cfg = params.precompute, params.model
     check_model_source(model_cfg)  # before any work: bad path / offline hub id
@@ -122,6 +126,11 @@ def run(params: Params, traces_dir: Path, cache_dir: Path, base_out: Path) -> in
             "sha256": sha,
         }
     (cache_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    # The counts as DVC metrics: what `dvc exp show` should compare (no digests, no copy of params.yaml).
+    summary = {"vocab_size": manifest["vocab_size"], "dropped": manifest["dropped"], "tokens": manifest["tokens"],
+               "splits": {s: {k: v for k, v in d.items() if k != "sha256"} for s, d in manifest["splits"].items()}}
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.write_text(json.dumps(summary, indent=2) + "\n")
 
     if base_out.exists():
         shutil.rmtree(base_out)

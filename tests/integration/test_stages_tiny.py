@@ -63,6 +63,9 @@ def test_precompute_cache_spans_and_base(ws):
     from codi.tracing.format import parse_trace
 
     manifest = json.loads((ws / "data/cache/manifest.json").read_text())
+    metrics = json.loads((ws / "metrics/precompute.json").read_text())  # the counts, for dvc exp show
+    assert metrics["splits"]["train"] == {k: v for k, v in manifest["splits"]["train"].items() if k != "sha256"}
+    assert metrics["tokens"] == manifest["tokens"] and "params" not in metrics
     tok = AutoTokenizer.from_pretrained(ws / "models/base")
     model = AutoModelForCausalLM.from_pretrained(ws / "models/base")
     assert model.get_input_embeddings().weight.shape[0] == len(tok) == manifest["vocab_size"]
