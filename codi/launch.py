@@ -3,29 +3,50 @@ starts itself again under torchrun (gloo), one process per core.
 
     maybe_relaunch(cfg.cpu_processes, ["--params", "params.yaml", "sft"])   # None: run here
 
-One torch thread per process is several times faster than two threads in one process for the tiny
-default, so on a 2-core machine two single-threaded processes nearly double training throughput.
+On the host where the default was tuned, two single-threaded processes gave 1.7x the throughput of
+one (on another 2-core host, one process with 2 threads did about as well: measure with
+benchmarks/bench_train.py).
 Nothing happens on a GPU machine (use torchrun/accelerate there), under an existing launcher
-(WORLD_SIZE set), or when 1 process is asked for. The DVC stage command stays `python -m codi <stage>`;
-killing its process group (DVC, Prefect) takes the workers down with it.
+(WORLD_SIZE set), or when 1 process is asked for. The DVC stage command stays `python -m codi <stage>`.
+torchrun starts its workers in sessions of their own, so a kill of the stage's process group would not
+reach them: on Linux the torchrun agent and every worker ask the kernel for SIGKILL when their parent
+dies (PR_SET_PDEATHSIG), so killing the stage (DVC, Prefect, kill -9 of the group) takes them all down.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
+
+_DIE_WITH_PARENT = "CODI_DIE_WITH_PARENT"
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
 
 
 def maybe_relaunch(processes: int, argv: list[str]) -> int | None:
     """Exit code of the relaunched run, or None when this process should train by itself."""
-    if processes <= 1 or "WORLD_SIZE" in os.environ:
+    if "WORLD_SIZE" in os.environ:
+        if os.environ.get(_DIE_WITH_PARENT) == "1":
+            die_with_parent()  # a worker of our own relaunch: its parent is the torchrun agent
+        return None
+    if processes <= 1:
         return None
     import torch
     if torch.cuda.is_available():
         return None
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
            "-m", "codi", *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), _DIE_WITH_PARENT: "1"}
     print(f"launching {processes} data-parallel CPU processes (gloo): {' '.join(cmd[1:])}", flush=True)
-    return subprocess.call(cmd, env=env)
+    return subprocess.call(cmd, env=env, preexec_fn=die_with_parent)

@@ -35,9 +35,12 @@ def _rust_backend(tokenizer):
     `to_py_obj` over every id), which cost more than the tokenization itself on short texts. The ids
     are the same: the wrapper's __call__ (no padding/truncation) and batch_decode (no clean-up) are
     thin layers over these calls; the benchmark and tests compare against the wrapper path."""
-    if getattr(tokenizer, "is_fast", False):
-        return getattr(tokenizer, "backend_tokenizer", None)
-    return None
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    # A hub tokenizer.json may carry padding or truncation, which the wrapper turns off per call: use
+    # the wrapper then, so the cache never holds pads or cut traces.
+    if backend is None or backend.padding is not None or backend.truncation is not None:
+        return None
+    return backend
 
 
 def encode_examples(tokenizer, prompts: list[str], traces: list[str],

@@ -123,3 +123,18 @@ def test_misaligned_span_fails_naming_the_sample(tiny_tok):
     bad = [(s + 1, e) for s, e in spans]
     with pytest.raises(SpanError, match="sample-7"):
         encode_examples(tiny_tok, ["p"], [render_trace(frames)], [bad], names=["sample-7"])
+
+
+def test_padding_or_truncation_in_the_tokenizer_file_never_reaches_the_cache(tiny_tok):
+    """A hub tokenizer.json may enable padding/truncation; the spans path must ignore both, as the HF
+    wrapper's __call__ does."""
+    import copy
+
+    frames = crafted_frames()
+    trace = render_trace(frames)
+    [plain] = encode_examples(tiny_tok, ["p", ], [trace], [locals_offsets(frames)])
+    tok = copy.deepcopy(tiny_tok)
+    tok.backend_tokenizer.enable_padding(length=len(plain.trace_ids) + 50, pad_id=token_ids(tok).pad)
+    tok.backend_tokenizer.enable_truncation(max_length=8)
+    [enc] = encode_examples(tok, ["p"], [trace], [locals_offsets(frames)])
+    assert (enc.prompt_ids, enc.trace_ids, enc.spans) == (plain.prompt_ids, plain.trace_ids, plain.spans)
