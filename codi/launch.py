@@ -24,21 +24,25 @@ import sys
 _DIE_WITH_PARENT = "CODI_DIE_WITH_PARENT"
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent dies (Linux; elsewhere nothing)."""
+def set_parent_death_signal(sig: int) -> None:
+    """Ask Linux to send `sig` to this process when its parent dies (no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
         return
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
+
+
+def die_with_parent() -> None:
+    set_parent_death_signal(signal.SIGKILL)
 
 
 def maybe_relaunch(processes: int, argv: list[str]) -> int | None:
     """Exit code of the relaunched run, or None when this process should train by itself."""
     if "WORLD_SIZE" in os.environ:
-        if os.environ.get(_DIE_WITH_PARENT) == "1":
-            die_with_parent()  # a worker of our own relaunch: its parent is the torchrun agent
+        if os.environ.get(_DIE_WITH_PARENT) == "1":  # a worker of our own relaunch, child of the torchrun agent
+            die_with_parent()
+            if os.getppid() == 1:  # the agent died before prctl took effect
+                os._exit(128 + signal.SIGKILL)
         return None
     if processes <= 1:
         return None

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from codi.launch import set_parent_death_signal
+
 TAIL_LINES = 40                 # kept for classification; the last few go into the error message
 MESSAGE_LINES = 6
 GRACE_S = 5.0                   # SIGTERM -> SIGKILL; Prefect's runner waits longer before its own SIGKILL
@@ -184,17 +186,6 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
 
 
 # ------------------------------------------------------------------------------------ the guard
-def _set_parent_death_signal(sig: int) -> None:
-    """Ask Linux to send `sig` to this process when its parent dies (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
-
-
 def _guard(parent_pid: int, grace_s: float, cmd: list[str]) -> int:
     """Session leader between the caller and the command: runs `cmd` in its own process group and, when the
     caller dies or it is told to stop (SIGTERM/SIGINT/SIGHUP), takes the whole group down."""
@@ -218,7 +209,7 @@ def _guard(parent_pid: int, grace_s: float, cmd: list[str]) -> int:
     # Handlers first: a stop request between the fork and the handlers would otherwise orphan the child.
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, stop)
-    _set_parent_death_signal(signal.SIGTERM)
+    set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent_pid:     # the caller died before prctl took effect
         return 1
     try:
