@@ -217,6 +217,8 @@ class EvaluateConfig:
     batch_size: int = _f(16, "examples decoded together", ge=1)
     max_new_tokens: int = _f(1024, "generated positions (tokens + latents) per example", ge=1)
     max_frames: int = _f(256, "generated frames per example", ge=1)
+    constrain_actions: bool = _f(True, "explicit/latent: after <|action_sep|> write only one of the program's "
+                                 "lines (the model still picks which); false = free decoding")
     torch_threads: int = _f(1, "torch intra-op threads on CPU; 0 = torch's default", ge=0)
 
 

@@ -20,6 +20,13 @@ states) and `model.lm_head`; `prompt_ids` are token id lists of `render_prompt(p
   block (the rule is "whenever it emits one"); one outside a LINE frame's start is malformed.
 - direct: generate `<|arg_sep|>` VALUE eos (codi.answers) until eos or `max_new_tokens`.
 
+Constrained actions (explicit, latent; `action_lines`, built by `program_action_lines`): a frame's
+action is a line of the program, so after each `<|action_sep|>` the greedy choice is restricted to
+tokens that continue one of the program's lines (a trie over their token ids) until a whole line is
+written; then the model is free again (separator, locals, VALUE). The model still picks which line
+runs next and everything else; this removes copy slips (a wrong constant or name in a line it
+chose), which a tiny model makes often. Without `action_lines` decoding is unconstrained.
+
 Batching: prompts are left-padded; every step feeds one position per unfinished row as
 `inputs_embeds` (a token's embedding, or a latent), with a 2-D attention mask over past + new and
 explicit `position_ids`, in one model call for the whole batch. Finished rows leave the batch (the
@@ -90,6 +97,32 @@ class _Row:
     latent_blocks: int = 0
     stop: str = ""
     time_s: float = 0.0
+    trie: dict | None = None   # the program's lines as a token trie (constrained actions), or None
+    node: dict | None = None   # inside an action: the trie node of the tokens written so far
+
+
+_LINE_END = -1  # trie key: a whole line ends at this node
+
+
+def build_action_trie(lines: Sequence[Sequence[int]]) -> dict | None:
+    """Token trie of candidate action lines ({token: child}, _LINE_END marks a complete line); None if no lines."""
+    root: dict = {}
+    for line in lines:
+        if not line:
+            continue
+        node = root
+        for tok in line:
+            node = node.setdefault(int(tok), {})
+        node[_LINE_END] = {}
+    return root or None
+
+
+def program_action_lines(tokenizer, program: str) -> list[list[int]]:
+    """Token ids of every line of `program` as a trace writes it after `<|action_sep|>`: the raw line
+    with its "\n" (DESIGN.md: LINE is the raw source line). Tokenized alone, which equals the trace's
+    tokens because `<|action_sep|>` (a special token) starts a fresh pre-tokenization."""
+    lines = sorted({line + "\n" for line in program.splitlines() if line.strip()})
+    return [list(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]] if lines else []
 
 
 def _parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
@@ -129,6 +162,12 @@ class _Decoder:
                 row.stop = "eos"
                 return
             if self.mode != "direct":
+                if row.node is not None:  # inside a constrained action: follow the trie
+                    row.node = row.node.get(token)
+                    if row.node is None or _LINE_END in row.node:  # a whole line written: free again
+                        row.node = None
+                elif token == t.action_sep and row.trie is not None:
+                    row.node = row.trie
                 if row.marker is None:
                     row.marker = token
                 if token == t.frame_sep:
@@ -150,11 +189,15 @@ class _Decoder:
         if len(row.ids) >= self.max_new_tokens:
             row.stop = "max_new_tokens"
 
-    def run(self, prompts: Sequence[Sequence[int]]) -> list[_Row]:
+    def run(self, prompts: Sequence[Sequence[int]],
+            action_lines: Sequence[Sequence[Sequence[int]]] | None = None) -> list[_Row]:
         dev = self.embed.weight.device
         dtype = self.embed.weight.dtype
         n = len(prompts)
         rows = [_Row() for _ in prompts]
+        if action_lines is not None and self.mode != "direct":
+            for row, lines in zip(rows, action_lines):
+                row.trie = build_action_trie(lines)
         width = max(len(p) for p in prompts)
         tokens = torch.full((n, width), self.t.pad, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
@@ -177,6 +220,13 @@ class _Decoder:
             choice: dict[int, int] = {}
             if need:
                 logits = self.head(hidden[need])[:, :self.vocab_size]  # (len(need), V)
+                for j, k in enumerate(need):
+                    node = rows[live[k]].node
+                    if node is not None:  # only tokens that continue one of the program's lines
+                        allowed = torch.tensor([tok for tok in node if tok != _LINE_END], device=dev)
+                        masked = torch.full_like(logits[j], float("-inf"))
+                        masked[allowed] = logits[j, allowed]
+                        logits[j] = masked
                 choice = dict(zip(need, logits.argmax(-1).tolist()))
             for k, b in enumerate(live):
                 self._advance(rows[b], choice.get(k))
@@ -312,11 +362,17 @@ def _check(mode: str, projector, latent_steps: int, max_new_tokens: int, max_fra
 def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[int]], *,
            projector: Callable[[torch.Tensor], torch.Tensor] | None = None, latent_steps: int = 1,
            max_new_tokens: int = 1024, max_frames: int = 256,
-           ids: TraceTokenIds | None = None) -> list[DecodeResult]:
-    """Decode one batch of prompts (token id lists) greedily; results in prompt order."""
+           ids: TraceTokenIds | None = None,
+           action_lines: Sequence[Sequence[Sequence[int]]] | None = None) -> list[DecodeResult]:
+    """Decode one batch of prompts (token id lists) greedily; results in prompt order.
+
+    `action_lines`: per prompt, its program's lines as token ids (`program_action_lines`): actions
+    are decoded constrained to them (explicit, latent; see the module doc). None = unconstrained."""
     _check(mode, projector, latent_steps, max_new_tokens, max_frames)
     if not prompts:
         return []
+    if action_lines is not None and len(action_lines) != len(prompts):
+        raise ValueError(f"action_lines: {len(action_lines)} entries for {len(prompts)} prompts")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt: every prompt must hold at least one token")
     t = ids or token_ids(tokenizer)
@@ -327,7 +383,7 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
     try:
         with torch.inference_mode():
             rows = _Decoder(mode, model, t, len(tokenizer), projector=projector, latent_steps=latent_steps,
-                            max_new_tokens=max_new_tokens, max_frames=max_frames).run(prompts)
+                            max_new_tokens=max_new_tokens, max_frames=max_frames).run(prompts, action_lines)
     finally:
         for m, was in zip(modules, training):
             m.train(was)
@@ -344,8 +400,8 @@ def iter_decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequen
                 batch_size: int = 16, progress: bool = False, **kwargs) -> Iterator[DecodeResult]:
     """Decode many prompts in consecutive batches of `batch_size`, yielding results in prompt order.
 
-    `kwargs` are `decode`'s (projector, latent_steps, max_new_tokens, max_frames, ids);
-    `progress` shows a tqdm bar over batches."""
+    `kwargs` are `decode`'s (projector, latent_steps, max_new_tokens, max_frames, ids); `action_lines`
+    (one entry per prompt) is split into the same batches. `progress` shows a tqdm bar over batches."""
     if batch_size < 1:
         raise ValueError(f"batch_size = {batch_size}: expected >= 1")
     _check(mode, kwargs.get("projector"), kwargs.get("latent_steps", 1),
@@ -354,5 +410,9 @@ def iter_decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequen
     if progress:
         from tqdm.auto import tqdm
         starts = tqdm(starts, desc=f"decode {mode}", unit="batch")
+    action_lines = kwargs.pop("action_lines", None)
+    if action_lines is not None and len(action_lines) != len(prompts):
+        raise ValueError(f"action_lines: {len(action_lines)} entries for {len(prompts)} prompts")
     for s in starts:
-        yield from decode(mode, model, tokenizer, prompts[s:s + batch_size], **kwargs)
+        lines = None if action_lines is None else action_lines[s:s + batch_size]
+        yield from decode(mode, model, tokenizer, prompts[s:s + batch_size], action_lines=lines, **kwargs)

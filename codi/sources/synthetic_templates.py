@@ -1,13 +1,19 @@
 """Program templates of the synthetic source (`codi.sources.synthetic` draws and checks them).
 
-A template is a function `build(rng) -> Draft`: the program's lines, the entry function and one
+A template is a function `build(g: Gen) -> Draft`: the program's lines, the entry function and one
 input drawer per parameter. Each template is a family, not a text: names, constants, operators,
 comparison directions and optional statements are drawn, so one family yields thousands of
 programs. Each line does one small thing to the locals (one assignment, one append, one test),
 so a trace is a chain of local, learnable steps, while the result needs all of them.
 
-Values are small on purpose: ints 0..20, lists of 2-5 ints 0..9, words of 1-5 letters, loops
-of 2-6 iterations. The generator rejects a call that grows values past its limits.
+Values are small on purpose: free ints 0..max_int (SyntheticConfig.max_int), lists of 2-5 ints
+0..9, words of 1-5 letters, loops of 2-6 iterations. The generator rejects a call that grows values
+past its limits.
+
+`operators` (SyntheticConfig.operators) governs every operation a template draws: `Gen.arith`,
+the parity tests of `Gen.cond`, and the templates' own variable forms (`Gen.pick`). A template's
+fixed structure is not drawn and not governed: a loop counter's `+ 1`, an accumulator's `acc + ...`,
+a recursion's `n - 1`.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ VAR_NAMES = ("a", "b", "c", "d", "e", "k", "m", "n", "p", "q", "r", "s", "t", "u
              "left", "right", "base", "mark", "item", "pos", "lo", "hi", "j", "i")
 LOOP_NAMES = ("i", "j", "k", "x", "v", "n", "idx", "item", "el", "ch", "c")
 LETTERS = "abcdeimnorstxyz"
-OPERATORS = ("+", "-", "*", "//", "%", "max", "min", "abs")  # what Gen.arith may draw
+OPERATORS = ("+", "-", "*", "//", "%", "max", "min", "abs")  # what SyntheticConfig.operators may name
 
 
 @dataclass(frozen=True)
@@ -89,25 +95,38 @@ class Gen:
         return self.rng.randint(lo, hi)
 
     def arith(self, a: str, b: str | None = None, both: bool = False) -> str:
-        """One integer operation on `a` (and `b`; with `both`, certainly on both), among `operators`."""
+        """One integer operation on `a` (and `b`; with `both`, certainly on both), among `operators`.
+
+        Every operator has a form with a constant and a form with two names (`abs` of a difference),
+        so any non-empty `operators` fits every call."""
         forms = [] if both and b is not None else [
             ("+", f"{a} + {self.c()}"), ("-", f"{a} - {self.c()}"), ("*", f"{a} * {self.c(2, 3)}"),
-            ("//", f"{a} // {self.c(2, 3)}"), ("%", f"{a} % {self.c(2, 7)}")]
+            ("//", f"{a} // {self.c(2, 3)}"), ("%", f"{a} % {self.c(2, 7)}"), ("max", f"max({a}, {self.c()})"),
+            ("min", f"min({a}, {self.c()})"), ("abs", f"abs({a} - {self.c()})")]
         if b is not None:
             forms += [("+", f"{a} + {b}"), ("-", f"{a} - {b}"), ("-", f"{b} - {a}"), ("*", f"{a} * {b}"),
-                      ("max", f"max({a}, {b})"), ("min", f"min({a}, {b})"), ("abs", f"abs({a} - {b})"),
-                      ("%", f"({a} + {b}) % {self.c(3, 9)}")]
-        allowed = [text for op, text in forms if op in self.operators]
-        # Every template needs some operation: fall back to + / - when the allowed ones do not fit here.
-        return self.rng.choice(allowed or [text for op, text in forms if op in ("+", "-")])
+                      ("//", f"{a} // {b}"), ("max", f"max({a}, {b})"), ("min", f"min({a}, {b})"),
+                      ("abs", f"abs({a} - {b})"), ("%", f"{a} % {b}")]  # / 0: that call is drawn again
+        return self.rng.choice([text for op, text in forms if op in self.operators])
+
+    def pick(self, forms: list[tuple[str, str]]) -> str:
+        """One of a template's own (operator, text) forms whose operator is allowed; "" = no operator.
+        The template lists at least one form for every operator, or an operator-free one."""
+        allowed = [text for op, text in forms if op == "" or op in self.operators]
+        if not allowed:
+            raise AssertionError(f"template forms {forms} have none among operators {self.operators}")
+        return self.rng.choice(allowed)
 
     def cond(self, a: str, b: str | None = None, hi: int = 9) -> str:
-        """One comparison of `a` (with `b`, or a constant up to `hi`: the range `a` lives in)."""
-        forms = [f"{a} > {self.c(0, hi - 1)}", f"{a} < {self.c(1, hi)}", f"{a} % 2 == 0", f"{a} % 2 == 1",
-                 f"{a} % 3 == 0", f"{a} >= {self.c(1, hi)}", f"{a} != {self.c(0, hi)}"]
+        """One comparison of `a` (with `b`, or a constant up to `hi`: the range `a` lives in); the
+        parity tests only when `%` is among `operators`."""
+        forms = [("", f"{a} > {self.c(0, hi - 1)}"), ("", f"{a} < {self.c(1, hi)}"), ("%", f"{a} % 2 == 0"),
+                 ("%", f"{a} % 2 == 1"), ("%", f"{a} % 3 == 0"), ("", f"{a} >= {self.c(1, hi)}"),
+                 ("", f"{a} != {self.c(0, hi)}")]
         if b is not None:
-            forms += [f"{a} > {b}", f"{a} < {b}", f"{a} >= {b}", f"{a} == {b}", f"{a} != {b}"]
-        return self.rng.choice(forms)
+            forms += [("", f"{a} > {b}"), ("", f"{a} < {b}"), ("", f"{a} >= {b}"), ("", f"{a} == {b}"),
+                      ("", f"{a} != {b}")]
+        return self.pick(forms)
 
     def maybe(self, p: float = 0.5) -> bool:
         return self.rng.random() < p
@@ -197,7 +216,7 @@ def while_loop(g: Gen) -> Draft:
         body = [f"{cnt} = 0", f"while {x} > {g.c(0, 4)}:", f"    {x} = {x} - {k}", f"    {cnt} = {cnt} + 1"]
         inputs = [small_int(6, 20), small_int(3, 6)]
     else:
-        body = [f"{cnt} = {g.c(0, 2)}", f"while {cnt} < {x}:", f"    {cnt} = {cnt} * 2 + {k}"]
+        body = [f"{cnt} = {g.c(0, 2)}", f"while {cnt} < {x}:", f"    {cnt} = {g.pick([('*', f'{cnt} * 2 + {k}'), ('', f'{cnt} + {k} + 1')])}"]
         inputs = [small_int(4, 20), small_int(0, 3)]
     if g.maybe(0.5):
         body.insert(3, f"    {k} = {k} + {g.c(1, 2)}")  # inside the loop, in both forms
@@ -237,7 +256,7 @@ def list_ops(g: Gen) -> Draft:
     rng = g.rng
     name = g.fresh(ENTRY_NAMES)
     xs, k, a, ys, s = g.names(5)
-    body = [f"{a} = {xs}[0] {rng.choice('+-*')} {xs}[-1]",
+    body = [f"{a} = {g.arith(f'{xs}[0]', f'{xs}[-1]', both=True)}",
             f"{ys} = {rng.choice([f'{xs}[1:]', f'{xs}[:{k}]', f'{xs}[::2]', f'{xs}[{k}:]', f'{xs}[:-1]'])}",
             f"{s} = {rng.choice([f'sum({ys})', f'len({ys})', f'sum({ys}) + len({xs})'])}"]
     if g.maybe(0.5):
@@ -292,7 +311,7 @@ def dict_map(g: Gen) -> Draft:
     name = g.fresh(ENTRY_NAMES)
     s, d = g.names(2)
     i = g.fresh(("i", "j", "k", "idx", "pos"))
-    value = rng.choice([i, f"{i} * 2", f"{i} + 1", f"{s}[{i}].upper()"])
+    value = g.pick([("", i), ("*", f"{i} * 2"), ("+", f"{i} + 1"), ("", f"{s}[{i}].upper()")])
     body = [f"{d} = {{}}", f"for {i} in range(len({s})):", f"    {d}[{s}[{i}]] = {value}",
             rng.choice([f"return {d}", f'return {d}.get("{rng.choice(LETTERS)}", -1)', f"return len({d}) + len({s})"])]
     return Draft(func(name, [s], body), name, [word(2, 5)])
@@ -329,7 +348,7 @@ def scan_best(g: Gen) -> Draft:
     op = rng.choice([">", "<", ">=", "<="])
     body = [f"{best} = {xs}[0]", f"{pos} = 0", f"for {i} in range(1, len({xs})):",
             f"    if {xs}[{i}] {op} {best}:", f"        {best} = {xs}[{i}]", f"        {pos} = {i}",
-            rng.choice([f"return [{best}, {pos}]", f"return {best} * 10 + {pos}", f"return {pos}"])]
+            g.pick([("", f"return [{best}, {pos}]"), ("*", f"return {best} * 10 + {pos}"), ("", f"return {pos}")])]
     return Draft(func(name, [xs], body), name, [int_list(0, 9, 3, 5)])
 
 
@@ -340,8 +359,10 @@ def recursion_int(g: Gen) -> Draft:
     rec = g.fresh(REC_NAMES)
     n = g.fresh(("n", "k", "m", "x", "depth"))
     base = g.c(0, 1)
-    step = rng.choice([f"{n} + {rec}({n} - 1)", f"{n} * {rec}({n} - 1)", f"{rec}({n} - 1) + {g.c(1, 4)}",
-                       f"2 * {rec}({n} - 1) - {n}", f"{rec}({n} - 1) + {n} % {g.c(2, 3)}"])
+    # "" = no drawn operator: the recursion's own accumulation
+    step = g.pick([("+", f"{n} + {rec}({n} - 1)"), ("*", f"{n} * {rec}({n} - 1)"),
+                   ("", f"{rec}({n} - 1) + {g.c(1, 4)}"), ("-", f"{n} - {rec}({n} - 1)"),
+                   ("%", f"{rec}({n} - 1) + {n} % {g.c(2, 3)}")])
     # a product needs a base case >= 1, or every call returns 0
     bottom = str(g.c(1, 2)) if "*" in step else rng.choice([str(g.c(0, 2)), n])
     rbody = [f"if {n} <= {base}:", f"    return {bottom}", f"return {step}"]
@@ -357,11 +378,11 @@ def recursion_list(g: Gen) -> Draft:
     xs = g.fresh(("xs", "items", "vals", "nums", "lst"))
     v = f"{xs}[0]"
     rest = f"{name}({xs}[1:])"
-    kind = rng.randrange(3)
+    kind = rng.choice([0, 1, 2] if {"max", "min"} & set(g.operators) else [0, 2])
     if kind == 0:
         rbody = [f"if not {xs}:", "    return 0", f"return {g.arith(v)} + {rest}"]
     elif kind == 1:
-        rbody = [f"if len({xs}) == 1:", f"    return {v}", f"return {rng.choice(['max', 'min'])}({v}, {rest})"]
+        rbody = [f"if len({xs}) == 1:", f"    return {v}", f"return {g.pick([('max', f'max({v}, {rest})'), ('min', f'min({v}, {rest})')])}"]
     else:
         rbody = [f"if not {xs}:", "    return 0", f"if {g.cond(v)}:", f"    return 1 + {rest}", f"return {rest}"]
     return Draft(func(name, [xs], rbody), name, [int_list(0, 9, 1, 4)])
@@ -385,7 +406,9 @@ def nested_range(g: Gen) -> Draft:
     name = g.fresh(ENTRY_NAMES)
     a, b, acc = g.names(3)
     i, j = g.fresh(("i", "x", "r")), g.fresh(("j", "y", "c"))
-    update = f"{acc} = {acc} + {rng.choice([f'{i} * {j}', f'{i} + {j}', f'{j} - {i}', '1', f'max({i}, {j})'])}"
+    term = g.pick([("*", f"{i} * {j}"), ("+", f"{i} + {j}"), ("-", f"{j} - {i}"), ("", "1"), ("max", f"max({i}, {j})"),
+                   ("min", f"min({i}, {j})")])
+    update = f"{acc} = {acc} + {term}"
     body = [f"{acc} = 0", f"for {i} in range({a}):", f"    for {j} in range({b}):"]
     if g.maybe(0.5):
         body += [f"        if {g.cond(i, j, hi=2)}:", f"            {update}"]
@@ -402,10 +425,10 @@ def nested_lists(g: Gen) -> Draft:
     x, y = g.fresh(("x", "a", "p")), g.fresh(("y", "b", "q"))
     if g.maybe():
         body = [f"{out} = 0", f"for {x} in {xs}:", f"    for {y} in {ys}:", f"        if {g.cond(x, y, hi=5)}:",
-                f"            {out} = {out} + {rng.choice(['1', x, y, f'{x} * {y}'])}", f"return {out}"]
+                f"            {out} = {out} + {g.pick([('', '1'), ('', x), ('', y), ('*', f'{x} * {y}')])}", f"return {out}"]
     else:
         body = [f"{out} = []", f"for {x} in {xs}:", f"    for {y} in {ys}:", f"        if {x} {rng.choice(['<', '>', '=='])} {y}:",
-                f"            {out}.append({rng.choice([f'{x} + {y}', f'{x} * {y}', f'{y} - {x}'])})", f"return {out}"]
+                f"            {out}.append({g.arith(x, y, both=True)})", f"return {out}"]
     return Draft(func(name, [xs, ys], body), name, [int_list(0, 5, 2, 3), int_list(0, 5, 2, 3)])
 
 

@@ -5,7 +5,9 @@
 For each example of the configured splits (default: test), each mode decodes greedily with a KV
 cache (codi.decoding): `explicit` = the sft model writes the whole trace, `latent` = the codi model
 writes the trace with a latent block in place of every LINE frame's locals, `direct` = the
-sft_direct baseline writes only the answer. Scores (codi.metrics): output accuracy, trace fidelity,
+sft_direct baseline writes only the answer. With `evaluate.constrain_actions` (default) the
+explicit and latent decoders write each action as one of the program's lines (codi.decoding: the
+model picks the line; it cannot misspell it). Scores (codi.metrics): output accuracy, trace fidelity,
 positions and time per example; retention, compression and speedup of latent over explicit.
 
 Writes `metrics/eval.json` (compact, DVC metrics: `dvc exp show`), `metrics/eval_by_source.json`,
@@ -38,10 +40,10 @@ def load_examples(cache_dir: Path, splits: list[str], limit: int) -> list[dict[s
     rows = []
     for split in splits:
         ds = CacheDataset(cache_dir / f"{split}.arrow", limit=limit)
-        answers, traces = ds.column("answer"), ds.column("trace_text")
+        answers, traces, programs = ds.column("answer"), ds.column("trace_text"), ds.column("program")
         for k in range(len(ds)):
             ex = ds[k]
-            rows.append({"split": split, "id": ex["sample_id"], "source": ex["source"],
+            rows.append({"split": split, "id": ex["sample_id"], "source": ex["source"], "program": programs[k],
                          "prompt_ids": ex["prompt_ids"], "truth": answers[k], "frames": parse_trace(traces[k])})
     return rows
 
@@ -63,7 +65,7 @@ def load_mode_model(mode: str, paths: dict[str, Path]):
 
 def run(params: Params, cache_dir: Path, sft: Path, codi: Path, direct: Path, metrics_dir: Path,
         predictions: Path, plots: Path) -> int:
-    from codi.decoding import iter_decode
+    from codi.decoding import iter_decode, program_action_lines
 
     cfg = params.evaluate
     set_threads(cfg.torch_threads)
@@ -75,9 +77,12 @@ def run(params: Params, cache_dir: Path, sft: Path, codi: Path, direct: Path, me
     for mode in cfg.modes:
         model, tok, projector, latent_steps = load_mode_model(mode, paths)
         t0 = time.time()
+        lines = ([program_action_lines(tok, e["program"]) for e in examples]
+                 if cfg.constrain_actions and mode != "direct" else None)
         results = list(iter_decode(mode, model, tok, [e["prompt_ids"] for e in examples], projector=projector,
                                    latent_steps=latent_steps or 1, max_new_tokens=cfg.max_new_tokens,
-                                   max_frames=cfg.max_frames, batch_size=cfg.batch_size, progress=True))
+                                   max_frames=cfg.max_frames, batch_size=cfg.batch_size, progress=True,
+                                   action_lines=lines))
         for ex, res in zip(examples, results):
             row = score_example(res, ex["frames"], truth=ex["truth"], source=ex["source"], example_id=ex["id"])
             row["split"] = ex["split"]

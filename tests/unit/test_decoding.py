@@ -9,6 +9,8 @@ training can learn in one parallel pass.
 
 from __future__ import annotations
 
+import copy
+
 
 import pytest
 import torch
@@ -16,7 +18,8 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from codi.answers import answers_match, direct_target_ids
-from codi.decoding import LATENT, LATENT_TEXT, DecodeResult, decode, iter_decode, parse_generation
+from codi.decoding import (LATENT, LATENT_TEXT, DecodeResult, build_action_trie, decode, iter_decode, parse_generation,
+                           program_action_lines)
 from codi.metrics import score_example
 from codi.tokens import ACTION_SEP, EOS, FRAME_SEP, PAD, TRACE_TOKENS, add_trace_tokens, token_ids
 from codi.tracing.format import Frame, actions, encode_value, render_frame, render_prompt, render_trace
@@ -438,3 +441,73 @@ def test_result_to_dict_is_json_ready(setup):
     d = json.loads(json.dumps(r.to_dict()))
     assert d["frames"][1] == {"kind": "line", "source_line": "    y = a + b\n", "locals": None, "value": None}
     assert d["answer"] == "6" and d["ids"].count(LATENT) == 2 * LATENT_STEPS
+
+
+# ---------------------------------------------------------------------------- constrained actions
+def _action_slices(ids, t):
+    """The token runs right after each <|action_sep|> up to the next separator (None = unfinished)."""
+    seps = {t.frame_sep, t.arg_sep, t.eos}
+    out = []
+    for i, tok in enumerate(ids):
+        if tok == t.action_sep:
+            run = []
+            for x in ids[i + 1:]:
+                if x in seps:
+                    break
+                run.append(x)
+            else:
+                out.append((tuple(run), False))
+                continue
+            out.append((tuple(run), True))
+    return out
+
+
+def test_program_action_lines_are_the_trace_tokens_of_its_actions(setup):
+    tok, t = setup["tok"], setup["t"]
+    for program, call, frames in PROGRAMS:
+        lines = {tuple(x) for x in program_action_lines(tok, program)}
+        trace = _encode(tok, render_trace(frames))
+        slices = _action_slices(trace, t)
+        assert len(slices) == len(frames)
+        assert all(done and run in lines for run, done in slices), program
+    assert program_action_lines(tok, "\n\n") == [] and build_action_trie([]) is None
+
+
+@pytest.mark.parametrize("mode", ["explicit", "latent"])
+def test_constrained_actions_write_only_program_lines_even_from_a_random_model(setup, mode):
+    tok, t = setup["tok"], setup["t"]
+    prompts = setup["prompts"]
+    lines = [program_action_lines(tok, p) for p, _, _ in PROGRAMS]
+    kw = dict(projector=_projector(64, 5, constant=False), latent_steps=LATENT_STEPS, max_new_tokens=60, max_frames=64)
+    model = copy.deepcopy(setup["random"])
+    with torch.no_grad():  # make <|action_sep|> a likely choice too, so that actions start often
+        hidden = torch.cat([model.model(input_ids=torch.tensor([p])).last_hidden_state[0] for p in prompts])
+        model.lm_head.weight[t.action_sep] = 0.3 * hidden.mean(0)
+    free = decode(mode, model, tok, prompts, **kw)
+    held = decode(mode, model, tok, prompts, action_lines=lines, **kw)
+    def a_line(run, done, cands):
+        """`run` starts with a whole program line (the model is free after it), or a cap cut it
+        short inside one."""
+        cands = [tuple(c) for c in cands]
+        return any(run[:len(c)] == c for c in cands) or (not done and any(c[:len(run)] == run for c in cands))
+
+    held_runs = [(run, done, cands) for r, cands in zip(held, lines) for run, done in _action_slices(r.ids, t)]
+    assert len(held_runs) >= 2 and all(a_line(*x) for x in held_runs)
+    free_runs = [(run, done, cands) for r, cands in zip(free, lines) for run, done in _action_slices(r.ids, t)]
+    assert not all(a_line(*x) for x in free_runs)  # free, it misspells lines: the constraint did something
+    for p, b, ln in zip(prompts, held, lines):  # and batching still changes nothing
+        (single,) = decode(mode, model, tok, [p], action_lines=[ln], **kw)
+        assert _same(b, single)
+
+
+def test_constrained_decoding_of_the_trained_model_is_unchanged(setup):
+    tok = setup["tok"]
+    lines = [program_action_lines(tok, p) for p, _, _ in PROGRAMS]
+    kw = dict(max_new_tokens=400, max_frames=64)
+    free = decode("explicit", setup["trained"], tok, setup["prompts"], **kw)
+    held = list(iter_decode("explicit", setup["trained"], tok, setup["prompts"], batch_size=3, action_lines=lines, **kw))
+    assert all(_same(a, b) for a, b in zip(free, held))
+    with pytest.raises(ValueError, match="action_lines: 1 entries for 4 prompts"):
+        decode("explicit", setup["trained"], tok, setup["prompts"], action_lines=lines[:1], **kw)
+    with pytest.raises(ValueError, match="action_lines"):
+        list(iter_decode("explicit", setup["trained"], tok, setup["prompts"], action_lines=lines[:1], **kw))

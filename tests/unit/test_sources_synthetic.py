@@ -156,3 +156,52 @@ def test_programs_that_fail_grow_or_never_vary_are_refused(monkeypatch):
         _only(monkeypatch, lines, lambda rng: rng.randint(0, 20))
         with pytest.raises(RuntimeError, match="no valid program"):
             generate(_cfg(1, n=1))
+
+
+# ------------------------------------------------------------------------------- the knobs
+_OPERATOR_PATTERNS = {"+": r" \+ ", "-": r" - ", "*": r" \* ", "//": r" // ", "%": r" % ", "max": r"\bmax\(",
+                      "min": r"\bmin\(", "abs": r"\babs\("}
+
+
+def _operators_in(program: str) -> set[str]:
+    body = program.split("\n", 1)[1]  # past the def line (defaults never hold operators here)
+    body = re.sub(r"abs\((\w+) - (\w+)\)", r"abs(\1, \2)", body)  # abs of a difference is one operation
+    return {op for op, pat in _OPERATOR_PATTERNS.items() if re.search(pat, body)}
+
+
+@pytest.mark.parametrize("op", list(_OPERATOR_PATTERNS))
+def test_level_1_programs_use_exactly_the_allowed_operator(op):
+    """Level 1 draws every operation through Gen.arith / Gen.cond: one allowed operator, only it."""
+    progs = generate_programs(SyntheticConfig(n_programs=120, difficulty=1, operators=[op], seed=1))
+    seen = [_operators_in(p.program) for p in progs]
+    assert all(s <= {op} for s in seen), [p.program for p, s in zip(progs, seen) if not s <= {op}][:2]
+    assert sum(op in s for s in seen) >= 0.8 * len(progs)
+
+
+def test_level_3_programs_draw_only_allowed_operators():
+    """Loops, lists, recursion: the drawn operations follow the knob; only the templates' fixed structure
+    (counters, accumulators, recursion steps: + and -; an index taken `% len(...)`) is outside it."""
+    progs = generate_programs(SyntheticConfig(n_programs=400, difficulty=3, operators=["+", "-"], seed=2))
+    for p in progs:
+        text = re.sub(r" % len\(", " mod_len(", p.program)
+        assert _operators_in(text) <= {"+", "-"}, p.program
+    assert {p.template for p in progs} == {t.name for t in TEMPLATES}
+
+
+def test_max_int_bounds_the_free_integer_arguments():
+    import ast
+    progs = generate_programs(SyntheticConfig(n_programs=200, difficulty=1, max_int=3, seed=3))
+    args = [a for p in progs for call, _ in p.calls for a in ast.literal_eval(call[call.index("("):].replace("(", "[", 1)[:-1] + "]")]
+    assert args and all(isinstance(a, int) and 0 <= a <= 3 for a in args)
+    assert set(args) == {0, 1, 2, 3}
+
+
+def test_canonical_names_are_a_b_c_in_order_and_the_entry_is_f():
+    progs = generate_programs(SyntheticConfig(n_programs=100, difficulty=1, canonical_names=True, seed=4))
+    for p in progs:
+        header = p.program.splitlines()[0]
+        assert header.startswith("def f("), header
+        params = header[len("def f("):header.index(")")].split(", ")
+        assert params == list("abcd")[:len(params)], header
+    free = generate_programs(SyntheticConfig(n_programs=100, difficulty=1, canonical_names=False, seed=4))
+    assert len({p.program.splitlines()[0] for p in free}) > 10
