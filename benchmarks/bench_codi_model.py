@@ -10,6 +10,15 @@ between them (best of --repeats); the table reports examples/s (forward + backwa
 one forward+backward above the pre-run baseline (CPU: RSS sampled every ms after malloc_trim; CUDA:
 torch.cuda.max_memory_allocated), base-model calls per batch, and the relative difference of the two
 losses (a sanity check).
+
+The `floor` columns bound what any exact batching of this design can reach on the device: the
+batched model's own teacher pass (forward + backward, as configured) plus ONE dense causal
+forward + backward over every row's student tokens (prompt, trace without the locals, the latent
+blocks' slots) with no padding between rounds and no per-round calls. A real student cannot be one
+pass (each latent needs the hidden state before it), so `floor ex/s` is an upper bound and
+`ceiling` = floor ex/s / oracle ex/s is the most a batched implementation could gain over the
+oracle here. On a CPU the oracle is itself mostly compute (one example still makes matrices of
+hundreds of rows), so the ceiling is low; on a GPU the oracle is bound by kernel launches.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from codi.config import load_params  # noqa: E402
 from codi.modeling import CodiModel  # noqa: E402
+from codi.modeling.losses import token_ce  # noqa: E402
+from codi.modeling.plan import plan_example  # noqa: E402
 from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, tiny_base  # noqa: E402
 
 
@@ -116,6 +127,36 @@ def measure(fns: dict, model, device, repeats):
     return {k: (best[k], mem[k], loss[k]) for k in fns}
 
 
+def dense_floor_fns(model, examples):
+    """(teacher fwd+bwd, dense student fwd+bwd) callables for the `floor` columns (see module doc)."""
+    plans = [plan_example(ex, e, TOKEN_IDS) for e, ex in enumerate(examples)]
+    dev = model.device
+    block = model.latent_steps  # latent slots per block besides the fused markers
+    seqs = []
+    for p in plans:
+        toks = []
+        for k, r in enumerate(p.rounds):
+            toks += list(r.tokens) + ([TOKEN_IDS.pad] * block if r.ends_in_latent else [])
+        seqs.append(toks)
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), TOKEN_IDS.pad, dtype=torch.long)
+    for e, t in enumerate(seqs):
+        ids[e, :len(t)] = torch.tensor(t)
+    ids = ids.to(dev)
+    real = torch.tensor([q for e, t in enumerate(seqs) for q in range(e * width, e * width + len(t) - 1)], device=dev)
+
+    def teacher():
+        ce, kd = model._teacher(plans)
+        return {"loss": ce.mean() + 0.0 * kd.sum()}
+
+    def dense_student():
+        out = model.body(input_ids=ids, use_cache=False)
+        flat = out.last_hidden_state.flatten(0, 1)
+        return {"loss": token_ce(flat[real], model.head, ids.flatten()[real + 1]).mean()}
+
+    return teacher, dense_student
+
+
 def count_calls(model, fn):
     calls = []
     h = model.model.model.register_forward_hook(lambda *a: calls.append(1))
@@ -166,6 +207,7 @@ def main(argv=None):
             fns = {"batched": lambda: model(examples)}
             if not args.no_oracle:
                 fns["oracle"] = lambda: oracle_forward(model, examples)
+                fns["teacher"], fns["dense_student"] = dense_floor_fns(model, examples)
             res = measure(fns, model, device, args.repeats)
             b_t, b_mem, b_loss = res["batched"]
             row = dict(frames=frames, ls=ls, tok=n_tok, b_eps=args.batch / b_t, b_mem=b_mem,
@@ -173,7 +215,9 @@ def main(argv=None):
             if not args.no_oracle:
                 o_t, o_mem, o_loss = res["oracle"]
                 row.update(o_eps=args.batch / o_t, o_mem=o_mem, diff=abs(b_loss - o_loss) / abs(o_loss),
-                           o_calls=count_calls(model, lambda: oracle_forward(model, examples)))
+                           o_calls=count_calls(model, lambda: oracle_forward(model, examples)),
+                           f_eps=args.batch / (res["teacher"][0] + res["dense_student"][0]),
+                           t_share=res["teacher"][0] / b_t)
             rows.append(row)
             print(f"  done frames={frames} latent_steps={ls}", flush=True)
             del model, base
@@ -187,12 +231,16 @@ def main(argv=None):
             print(f"| {r['frames']} | {r['ls']} | {r['tok']:.0f} | {r['b_eps']:.2f} | {r['b_mem']:.0f} | {r['b_calls']} |")
         return rows
     print(f"\n| LINE frames | latent_steps | tokens/ex | oracle ex/s | batched ex/s | speedup | oracle {mem} | "
-          f"batched {mem} | calls/batch oracle | calls/batch batched | loss rel diff |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"batched {mem} | calls/batch oracle | calls/batch batched | loss rel diff | teacher share | "
+          f"floor ex/s | ceiling |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['frames']} | {r['ls']} | {r['tok']:.0f} | {r['o_eps']:.2f} | {r['b_eps']:.2f} | "
               f"{r['b_eps'] / r['o_eps']:.1f}x | {r['o_mem']:.0f} | {r['b_mem']:.0f} | {r['o_calls']} | "
-              f"{r['b_calls']} | {r['diff']:.1e} |")
+              f"{r['b_calls']} | {r['diff']:.1e} | {r['t_share']:.0%} | {r['f_eps']:.2f} | "
+              f"{r['f_eps'] / r['o_eps']:.1f}x |")
+    print("\nteacher share: the batched model's teacher pass / its whole step. floor ex/s: teacher pass + one "
+          "dense pass over the student's tokens (an upper bound for any exact batching); ceiling: floor / oracle.")
     return rows
 
 

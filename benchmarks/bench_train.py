@@ -12,7 +12,6 @@ Tokens counted are non-padding tokens.
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 import torch
@@ -40,17 +39,16 @@ def build_examples(n_programs: int, vocab: int):
 
 
 def batches(examples, bs: int, grouped: bool, steps: int, seed: int = 0):
-    rng = random.Random(seed)
-    order = list(range(len(examples)))
-    rng.shuffle(order)
-    if grouped:  # like HF's LengthGroupedSampler: sort within mega-batches of 50 batches
-        mega = bs * 50
-        order = [i for s in range(0, len(order), mega)
-                 for i in sorted(order[s:s + mega], key=lambda i: -len(examples[i]["prompt_ids"]) - len(examples[i]["trace_ids"]))]
-        chunks = [order[s:s + bs] for s in range(0, len(order), bs)]
-        rng.shuffle(chunks)
+    """`steps` batches of `bs` examples: random, or length-grouped by the sampler the sft stage uses
+    (HF's LengthGroupedSampler, via codi.training)."""
+    g = torch.Generator().manual_seed(seed)
+    if grouped:
+        from transformers.trainer_pt_utils import LengthGroupedSampler
+        lengths = [len(e["prompt_ids"]) + len(e["trace_ids"]) for e in examples]
+        order = list(LengthGroupedSampler(bs, lengths=lengths, generator=g))
     else:
-        chunks = [order[s:s + bs] for s in range(0, len(order), bs)]
+        order = torch.randperm(len(examples), generator=g).tolist()
+    chunks = [order[s:s + bs] for s in range(0, len(order), bs)]
     return [[examples[i] for i in c] for c in chunks[:steps]]
 
 

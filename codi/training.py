@@ -136,6 +136,22 @@ def grouped_trainer_class():
 
 
 # --------------------------------------------------------------------------------- fingerprints
+FINGERPRINT_NAMES = {"cache": "the cache (data/cache/manifest.json)", "model_config": "the starting model's config",
+                     "model_weights": "the starting model's weights", "params": "the stage's params section",
+                     "weights": "the loss weights alpha, beta, gamma", "stage": "the stage"}
+
+
+def _describe_change(key: str, old: Any, new: Any) -> str:
+    """One fingerprint difference in words: short values shown old -> new, digests only named."""
+    what = FINGERPRINT_NAMES.get(key, key)
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        return f"{what} changed ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in keys)})"
+    if isinstance(old, str) and len(old) >= 32:  # a digest: the values say nothing to a person
+        return f"{what} changed"
+    return f"{what} changed ({old!r} -> {new!r})"
+
+
 def file_digest(path: Path, full_limit: int = 1 << 30) -> str:
     """sha256 of a file; files over `full_limit` bytes hash their size, head and tail (model shards)."""
     h = hashlib.sha256()
@@ -180,8 +196,8 @@ class CheckpointDir:
                 log.warning("%s is unreadable: starting fresh", run_file)
         if old is not None and old != self.fingerprint:
             changed = sorted(k for k in set(old) | set(self.fingerprint) if old.get(k) != self.fingerprint.get(k))
-            print(f"refusing to resume from {self.root}: its checkpoints were written for a different "
-                  f"{', '.join(changed)}; starting from step 0")
+            print(f"refusing to resume from {self.root}: {'; '.join(_describe_change(k, old.get(k), self.fingerprint.get(k)) for k in changed)}"
+                  "; starting from step 0")
             old = None
         if old is None:
             if self.root.exists():

@@ -88,7 +88,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(ws, stage):
 
 @pytest.mark.parametrize("stage, launch", [("sft", "torchrun"), ("codi", "cpu_processes")])
 def test_two_process_gloo_ddp(ws, stage, launch):
-    """Under torchrun, and by `<stage>.cpu_processes: 2` (the stage relaunches itself under torchrun)."""
+    """Under torchrun, and by `<stage>.cpu_processes: 2` (the stage starts its own workers)."""
     if stage == "codi" and not (ws / "models/sft").exists():
         run(ws, stage_cmd("sft", "models/sft", "ck/sft-base"))
     if launch == "torchrun":

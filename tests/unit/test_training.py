@@ -144,3 +144,16 @@ def test_wandb_offline_writes_a_run_and_opens_no_connection(tmp_path, monkeypatc
 def test_wandb_disabled_reports_nowhere(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")  # the environment wins over params
     assert setup_wandb(WandbConfig(mode="online", project="p", entity=""), "sft", {}, True) == []
+
+
+def test_the_refusal_names_what_changed_in_words(tmp_path, capsys):
+    fp = {"cache": "a" * 64, "params": {"lr": 0.001, "seed": 0}, "weights": [1.0, 1.0, 1.0]}
+    CheckpointDir(tmp_path / "ck", fp).prepare()
+    fake_checkpoint(tmp_path / "ck", 10)
+    new = {"cache": "b" * 64, "params": {"lr": 0.002, "seed": 0}, "weights": [1.0, 1.0, 2.0]}
+    assert CheckpointDir(tmp_path / "ck", new).prepare() is None
+    out = capsys.readouterr().out
+    assert "the cache (data/cache/manifest.json) changed;" in out
+    assert "the stage's params section changed (lr: 0.001 -> 0.002)" in out
+    assert "the loss weights alpha, beta, gamma changed ([1.0, 1.0, 1.0] -> [1.0, 1.0, 2.0])" in out
+    assert "a different" not in out
