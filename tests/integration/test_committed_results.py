@@ -1,0 +1,71 @@
+"""The committed results are the results of the committed pipeline.
+
+dvc.lock, metrics/ and plots/ are committed as the outcome of `make run`. If params.yaml or a stage's
+code changes without a rerun, `dvc status` reports the stage's params or code dependencies as
+modified and every figure in the README and metrics/ describes a pipeline that no longer exists.
+In a fresh clone the DVC-cached outputs (data/, models/) are absent, so "deleted" and "not in cache"
+are expected; anything else is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ABSENT_IN_A_CLONE = {"deleted", "not in cache"}
+
+
+def _dvc() -> str:
+    exe = Path(sys.executable).with_name("dvc")
+    return str(exe) if exe.exists() else (shutil.which("dvc") or "dvc")
+
+
+def stale_entries(status: dict) -> list[str]:
+    """`dvc status --json` -> the entries that are not explained by outputs missing from a clone."""
+    stale = []
+    for stage, groups in status.items():
+        for group in groups:
+            if not isinstance(group, dict):  # e.g. "always changed"
+                stale.append(f"{stage}: {group}")
+                continue
+            for kind, entries in group.items():
+                for path, state in entries.items():
+                    if isinstance(state, dict):  # params.yaml: {key: "modified" | "new" | "deleted"}
+                        stale += [f"{stage}: {kind} {path}:{key} {s}" for key, s in state.items()]
+                    elif state not in ABSENT_IN_A_CLONE:
+                        stale.append(f"{stage}: {kind} {path} {state}")
+    return stale
+
+
+def test_stale_entries_are_params_code_and_edited_metrics_not_missing_outputs():
+    status = {
+        "sft": [{"changed deps": {"models/base": "deleted", "codi/data.py": "modified",
+                                  "params.yaml": {"sft.lr": "modified"}}},
+                {"changed outs": {"models/sft": "not in cache", "metrics/sft.json": "modified"}}],
+        "extract": [{"changed outs": {"data/traces": "not in cache"}}],
+    }
+    assert stale_entries(status) == ["sft: changed deps codi/data.py modified",
+                                     "sft: changed deps params.yaml:sft.lr modified",
+                                     "sft: changed outs metrics/sft.json modified"]
+    assert stale_entries({}) == []
+
+
+def test_dvc_lock_matches_the_committed_params_code_and_metrics():
+    if subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git repository (DVC status needs one)")
+    env = dict(os.environ, DVC_NO_ANALYTICS="1")
+    proc = subprocess.run([_dvc(), "status", "--json"], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=120)
+    if proc.returncode and "Unable to acquire lock" in proc.stderr:
+        pytest.skip("another DVC process holds the repository lock")
+    assert proc.returncode == 0, proc.stderr
+    stale = stale_entries(json.loads(proc.stdout or "{}"))
+    assert not stale, ("dvc.lock does not describe the committed pipeline; run `dvc repro` and commit "
+                       "dvc.lock, metrics/ and plots/:\n  " + "\n  ".join(stale))
