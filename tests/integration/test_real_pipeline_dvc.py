@@ -50,7 +50,7 @@ def repo(tmp_path_factory) -> Path:
             continue  # results of the real run; this repo makes its own
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, repo / f)
-    write_params(repo / "params.yaml", tiny_params())
+    write_params(repo / "params.yaml", tiny_params(gamma=1.0))  # the tests below move it to 2.0
     sh(repo, "git", "init", "-q")
     sh(repo, "git", "add", "-A")
     sh(repo, *GIT, "commit", "-qm", "tiny")
