@@ -478,10 +478,14 @@ class Worker:
             if end["status"] not in CHILD_STATUSES:
                 return "incomplete", f"the end record has an unknown status {end['status'][:40]!r}"
             return end["status"], end["reason"]
+        if self.oom:  # the cgroup killed one of its processes (the child, or one it started)
+            # Before the stream's verdict: a sample that forks and then fills memory has its children
+            # write to the stream too, and whether one of them writes before the OOM killer acts is a
+            # race. The limit is the cause, and checking it first gives the same row on every run.
+            also = f"; the event stream is not trustworthy either: {problem}" if problem else ""
+            return "memory", f"memory limit ({cfg.memory_mb} MB for the sample's processes together){also}"
         if problem:
             return "incomplete", f"the event stream is not trustworthy: {problem}"
-        if self.oom:  # the cgroup killed one of its processes (the child, or one it started)
-            return "memory", f"memory limit ({cfg.memory_mb} MB for the sample's processes together)"
         if how == "timeout":
             return "timeout", f"wall time limit ({cfg.wall_timeout_s:g} s)"
         if os.WIFSIGNALED(status):
