@@ -39,13 +39,13 @@ run: $(STAMP) git-repo
 	@$(BIN)/dvc status
 	@test -f metrics/eval.md && cat metrics/eval.md || true
 
-test: $(STAMP)
+test: $(STAMP) git-repo
 	$(BIN)/python -m pytest
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) git-repo
 	$(BIN)/python -m pytest -m slow
 
-test-all: $(STAMP)
+test-all: $(STAMP) git-repo
 	$(BIN)/python -m pytest -m "slow or not slow"
 
 # The experiments side by side: the params that differ and the evaluation, nothing else.

@@ -14,9 +14,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ABSENT_IN_A_CLONE = {"deleted", "not in cache"}
@@ -57,15 +57,24 @@ def test_stale_entries_are_params_code_and_edited_metrics_not_missing_outputs():
     assert stale_entries({}) == []
 
 
-def test_dvc_lock_matches_the_committed_params_code_and_metrics():
-    if subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=ROOT, capture_output=True).returncode:
-        pytest.skip("not a git repository (DVC status needs one)")
+def dvc_status(root: Path, wait_s: float = 300.0) -> dict:
+    """`dvc status --json` of `root`; waits (polling) while another DVC process holds the repository lock."""
     env = dict(os.environ, DVC_NO_ANALYTICS="1")
-    proc = subprocess.run([_dvc(), "status", "--json"], cwd=ROOT, capture_output=True, text=True, env=env,
-                          timeout=120)
-    if proc.returncode and "Unable to acquire lock" in proc.stderr:
-        pytest.skip("another DVC process holds the repository lock")
-    assert proc.returncode == 0, proc.stderr
-    stale = stale_entries(json.loads(proc.stdout or "{}"))
+    deadline = time.monotonic() + wait_s
+    while True:
+        proc = subprocess.run([_dvc(), "status", "--json"], cwd=root, capture_output=True, text=True, env=env,
+                              timeout=120)
+        if proc.returncode and "Unable to acquire lock" in proc.stderr and time.monotonic() < deadline:
+            time.sleep(2.0)
+            continue
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout or "{}")
+
+
+def test_dvc_lock_matches_the_committed_params_code_and_metrics():
+    git = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=ROOT, capture_output=True)
+    assert git.returncode == 0, (f"{ROOT} is not a git repository, and DVC needs one: `make test` makes one "
+                                 "(`make git-repo`: git init + one commit of the tree)")
+    stale = stale_entries(dvc_status(ROOT))
     assert not stale, ("dvc.lock does not describe the committed pipeline; run `dvc repro` and commit "
                        "dvc.lock, metrics/ and plots/:\n  " + "\n  ".join(stale))
