@@ -10,21 +10,14 @@ are expected; anything else is stale.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from pipelines.dvc import dvc_command, is_transient, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ABSENT_IN_A_CLONE = {"deleted", "not in cache"}
-
-
-def _dvc() -> str:
-    exe = Path(sys.executable).with_name("dvc")
-    return str(exe) if exe.exists() else (shutil.which("dvc") or "dvc")
 
 
 def stale_entries(status: dict) -> list[str]:
@@ -58,13 +51,13 @@ def test_stale_entries_are_params_code_and_edited_metrics_not_missing_outputs():
 
 
 def dvc_status(root: Path, wait_s: float = 300.0) -> dict:
-    """`dvc status --json` of `root`; waits (polling) while another DVC process holds the repository lock."""
-    env = dict(os.environ, DVC_NO_ANALYTICS="1")
+    """`dvc status --json` of `root`; retried while it fails transiently (another DVC process holds the lock)."""
     deadline = time.monotonic() + wait_s
     while True:
-        proc = subprocess.run([_dvc(), "status", "--json"], cwd=root, capture_output=True, text=True, env=env,
-                              timeout=120)
-        if proc.returncode and "Unable to acquire lock" in proc.stderr and time.monotonic() < deadline:
+        proc = subprocess.run(dvc_command("status", "--json"), cwd=root, capture_output=True, text=True,
+                              env=subprocess_env(), timeout=120)
+        # the pipelines' own rule: DVC lock contention is transient (so is the rest of its list)
+        if proc.returncode and is_transient(proc.returncode, [proc.stderr]) and time.monotonic() < deadline:
             time.sleep(2.0)
             continue
         assert proc.returncode == 0, proc.stderr
