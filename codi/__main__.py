@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace, params, argv: list[str] | None = None) -> int | None:
     # Imports are per command: `extract` must not pay for torch, `params` for anything.
     if args.command == "params":
-        from codi.config import describe, to_dict
-        flat = _flatten(to_dict(params))
+        from codi.config import describe, flatten, to_dict
+        flat = flatten(to_dict(params))
         for key, tp, doc in describe():
             print(f"{key} = {flat[key]!r}  ({tp}) {doc}")
         return 0
@@ -122,16 +122,6 @@ def _dispatch(args: argparse.Namespace, params, argv: list[str] | None = None) -
         return evaluate.run(params, cache_dir=args.cache, sft=args.sft, codi=args.codi, direct=args.direct,
                             metrics_dir=args.metrics, predictions=args.predictions, plots=args.plots)
     raise AssertionError(args.command)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 if __name__ == "__main__":

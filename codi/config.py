@@ -301,8 +301,8 @@ def params_from_dict(raw: dict[str, Any], source: str = "<params>") -> Params:
     return build(Params, raw, prefix="", source=source)
 
 
-def build(cls: type, raw: Any, prefix: str, source: str, partial: bool = False) -> Any:
-    """Build dataclass `cls` from `raw`, checking keys, types and ranges; `partial` allows missing keys."""
+def build(cls: type, raw: Any, prefix: str, source: str) -> Any:
+    """Build dataclass `cls` from `raw`, checking keys, types and ranges; every field must be present."""
     where = prefix.rstrip(".") or "top level"
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: {where} = {raw!r}: expected a mapping")
@@ -312,12 +312,12 @@ def build(cls: type, raw: Any, prefix: str, source: str, partial: bool = False) 
     if unknown:
         raise ConfigError(f"{source}: unknown key {prefix}{unknown[0]}: expected one of {sorted(fields)}")
     missing = [n for n in fields if n not in raw]
-    if missing and not partial:
+    if missing:
         raise ConfigError(f"{source}: missing key {prefix}{missing[0]} ({_type_name(hints[missing[0]])}): "
                           f"every parameter must be set in the params file")
     values = {}
     for name, value in raw.items():
-        values[name] = _convert(hints[name], value, f"{prefix}{name}", source, fields[name].metadata, partial)
+        values[name] = _convert(hints[name], value, f"{prefix}{name}", source, fields[name].metadata)
     try:
         return cls(**values)
     except ConfigError as e:
@@ -337,19 +337,19 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _convert(tp: Any, value: Any, key: str, source: str, meta: typing.Mapping[str, Any], partial: bool) -> Any:
+def _convert(tp: Any, value: Any, key: str, source: str, meta: typing.Mapping[str, Any]) -> Any:
     def fail(expected: str) -> typing.NoReturn:
         raise ConfigError(f"{source}: {key} = {value!r}: expected {expected}")
 
     origin = get_origin(tp)
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, prefix=f"{key}.", source=source, partial=partial)
+        return build(tp, value, prefix=f"{key}.", source=source)
     if origin in (Union, types.UnionType):
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, key, source, meta, partial)
+        return _convert(inner[0], value, key, source, meta)
     if origin is Literal:
         if value not in get_args(tp):
             fail(f"one of {', '.join(repr(a) for a in get_args(tp))}")
@@ -358,7 +358,7 @@ def _convert(tp: Any, value: Any, key: str, source: str, meta: typing.Mapping[st
         if not isinstance(value, list):
             fail(f"a list of {_type_name(get_args(tp)[0])}")
         item_tp = get_args(tp)[0]
-        items = [_convert(item_tp, v, f"{key}[{i}]", source, {}, partial) for i, v in enumerate(value)]
+        items = [_convert(item_tp, v, f"{key}[{i}]", source, {}) for i, v in enumerate(value)]
         if meta.get("nonempty") and not items:
             fail("a non-empty list")
         if "choices" in meta:
@@ -407,6 +407,16 @@ def _check_range(value: Any, meta: typing.Mapping[str, Any], fail: Any) -> None:
 def to_dict(obj: Any) -> Any:
     """A config (or part) as plain YAML-able data (for logging, wandb config and manifests)."""
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{"codi": {"lr": 1e-3}} -> {"codi.lr": 1e-3}: nested mappings as dotted keys; lists stay values."""
+    if not isinstance(data, dict):
+        return {prefix.rstrip("."): data} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def describe(cls: type = Params, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -21,7 +21,6 @@ asks the kernel for SIGKILL when the launcher dies (PR_SET_PDEATHSIG, Linux), so
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -30,16 +29,10 @@ import sys
 import time
 from collections.abc import Sequence
 
+from codi.linux import set_parent_death_signal
+
 _DIE_WITH_PARENT = "CODI_DIE_WITH_PARENT"
 GRACE_S = 5.0  # after SIGTERM, how long a worker may take before SIGKILL
-
-
-def set_parent_death_signal(sig: int) -> None:
-    """Ask Linux to send `sig` to this process when its parent dies (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
 
 
 def die_with_parent() -> None:

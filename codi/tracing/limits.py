@@ -23,14 +23,12 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from codi.linux import (PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, LinuxError, checked, libc,
+                        prctl)
+
 if TYPE_CHECKING:  # the worker gets the fields as a namespace: it does not import codi.config (yaml)
     from codi.config import SandboxConfig
 
-_libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG = 1
-PR_CAPBSET_DROP = 24
-PR_SET_CHILD_SUBREAPER = 36
-PR_SET_NO_NEW_PRIVS = 38
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND = 32, 4096
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
@@ -97,21 +95,6 @@ def import_named_modules(*texts: str) -> None:
                 pass
 
 
-class IsolationError(OSError):
-    """A primitive the kernel refused; the message names the call."""
-
-
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise IsolationError(err, f"{what}: {os.strerror(err)}")
-
-
-def prctl(option: int, arg: int = 0) -> None:
-    _check(_libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                       ctypes.c_ulong(0)), f"prctl({option}, {arg})")
-
-
 def no_new_privs() -> None:
     """execve can never gain privileges again (setuid binaries, file capabilities)."""
     prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -120,10 +103,6 @@ def no_new_privs() -> None:
 def child_subreaper() -> None:
     """Orphaned descendants are re-parented to us, so that they can be found, killed and reaped."""
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-
-
-def die_with_parent() -> None:
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def drop_bounding_set() -> None:
@@ -147,33 +126,24 @@ def drop_capabilities() -> None:
 
     header = Header(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (Data * 2)()
-    _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset(0)")
-
-
-def effective_capabilities() -> int:
-    """The CapEff mask of this process (0 = none)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    return -1
+    checked(libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset(0)")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
     enc = (lambda s: None if s is None else s.encode())
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+    checked(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            f"mount({source}, {target}, {fstype})")
 
 
 def private_mounts(tmp_mb: int, hide: tuple[str, ...] = ()) -> list[str]:
     """In a fresh mount namespace: a /proc of our PID namespace, / read-only, private tmpfs on
     /tmp and /dev/shm, and tmpfs over each path of `hide`. Returns what was done, in words;
-    raises IsolationError when the read-only root or the private /tmp cannot be had."""
+    raises LinuxError when the read-only root or the private /tmp cannot be had."""
     done = []
     try:
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         done.append("own /proc")
-    except IsolationError:
+    except LinuxError:
         pass  # without it /proc shows the host's processes, which is information, not access
     locked = 0
     for st, ms in _ST_TO_MS.items():
@@ -186,7 +156,7 @@ def private_mounts(tmp_mb: int, hide: tuple[str, ...] = ()) -> list[str]:
     try:
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
         done.append("private /dev/shm")
-    except IsolationError:
+    except LinuxError:
         pass
     for path in hide:
         if os.path.isdir(path) and os.path.realpath(path) not in ("/", "/tmp"):

@@ -34,6 +34,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+from codi.linux import set_parent_death_signal
 from codi.tokens import contains_special
 from codi.tracing import limits
 from codi.tracing.format import UNCHANGED, encode_locals, encode_value
@@ -281,7 +282,7 @@ class Worker:
     def _child(self, job: Job, ev_w: int, out_w: int, tmp: str):
         os.setsid()
         if self.mode == "process":  # (in a PID namespace the kernel ends us with the worker)
-            limits.die_with_parent()
+            set_parent_death_signal(signal.SIGKILL)
         os.dup2(self.devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
