@@ -12,15 +12,19 @@ which verifies nothing). Prints examples/s of each and the ratio, and checks bot
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
+from pathlib import Path
 
 from codi.base_model import train_tiny_tokenizer
-from codi.config import SandboxConfig, SyntheticConfig, TinyModelConfig, TraceConfig
 from codi.sources.synthetic import generate
 from codi.spans import encode_examples, encode_naive
 from codi.tokens import token_ids
 from codi.tracing.format import locals_offsets, render_prompt, render_trace
 from codi.tracing.sandbox import TracerPool
+from codi.config import load_params
+
+SHIPPED = load_params(Path(__file__).resolve().parents[1] / "params.yaml")  # config dataclasses have no defaults
 
 
 def main() -> None:
@@ -30,14 +34,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="timed passes of each path (best is reported)")
     args = ap.parse_args()
 
-    samples = generate(SyntheticConfig(n_programs=args.programs, calls_per_program=2, difficulty=2, seed=0))
-    with TracerPool(TraceConfig(), SandboxConfig(), workers=0) as pool:
+    samples = generate(dataclasses.replace(SHIPPED.extract.synthetic, n_programs=args.programs, calls_per_program=2, difficulty=2, seed=0))
+    with TracerPool(SHIPPED.extract.trace, SHIPPED.extract.sandbox, workers=0) as pool:
         results = [r for r in pool.trace(samples) if r.status == "ok"]
     by_id = {s.sample_id: s for s in samples}
     prompts = [render_prompt(by_id[r.sample_id].program, by_id[r.sample_id].call) for r in results]
     traces = [render_trace(list(r.frames)) for r in results]
     spans = [locals_offsets(list(r.frames)) for r in results]
-    tok = train_tiny_tokenizer((p + t for p, t in zip(prompts, traces)), TinyModelConfig(vocab_size=1024))
+    tok = train_tiny_tokenizer((p + t for p, t in zip(prompts, traces)), dataclasses.replace(SHIPPED.model.tiny, vocab_size=1024))
     ids = token_ids(tok)
     n = len(traces)
 

@@ -23,9 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from codi.config import SandboxConfig, TraceConfig  # noqa: E402
+from codi.config import TraceConfig  # noqa: E402
 from codi.sources.base import Sample  # noqa: E402
 from codi.tracing.sandbox import TracerPool, trace_in_fresh_interpreter  # noqa: E402
+from codi.config import load_params
+
+SHIPPED = load_params(Path(__file__).resolve().parents[1] / "params.yaml")  # config dataclasses have no defaults
 
 TEMPLATES = [
     ("def sum_even_squares(xs):\n    total = 0\n    for x in xs:\n        if x % 2 == 0:\n"
@@ -92,7 +95,7 @@ def main() -> int:
     ap.add_argument("--mbpp", type=Path, default=Path("/work/shared/datasets/mbpp/mbpp.jsonl"))
     args = ap.parse_args()
     samples = mbpp(args.mbpp, args.n) if args.source == "mbpp" else generated(args.n)
-    trace, sandbox = TraceConfig(), SandboxConfig()
+    trace, sandbox = SHIPPED.extract.trace, SHIPPED.extract.sandbox
     print(f"{len(samples)} {args.source} samples, {args.workers} workers, {os.cpu_count()} CPUs")
 
     t0 = time.perf_counter()

@@ -12,22 +12,26 @@ Tokens counted are non-padding tokens.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
+from pathlib import Path
 
 import torch
 
 from codi.base_model import tiny_model, train_tiny_tokenizer
 from codi.batching import CausalLMCollator
-from codi.config import SandboxConfig, SyntheticConfig, TraceConfig, load_params
+from codi.config import load_params
 from codi.sources.synthetic import generate
 from codi.spans import encode_examples
 from codi.tracing.format import locals_offsets, render_prompt, render_trace
 from codi.tracing.sandbox import TracerPool
 
+SHIPPED = load_params(Path(__file__).resolve().parents[1] / "params.yaml")  # config dataclasses have no defaults
+
 
 def build_examples(n_programs: int, vocab: int):
-    samples = generate(SyntheticConfig(n_programs=n_programs, calls_per_program=2, difficulty=1, seed=0))
-    with TracerPool(TraceConfig(), SandboxConfig(), workers=0) as pool:
+    samples = generate(dataclasses.replace(SHIPPED.extract.synthetic, n_programs=n_programs, calls_per_program=2, difficulty=1, seed=0))
+    with TracerPool(SHIPPED.extract.trace, SHIPPED.extract.sandbox, workers=0) as pool:
         results = [r for r in pool.trace(samples) if r.status == "ok"]
     by_id = {s.sample_id: s for s in samples}
     prompts = [render_prompt(by_id[r.sample_id].program, by_id[r.sample_id].call) for r in results]

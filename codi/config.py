@@ -30,11 +30,11 @@ class ConfigError(ValueError):
     """A params file or value that does not match the schema."""
 
 
-def _f(default: Any, doc: str, **checks: Any) -> Any:
-    """A dataclass field with a one-line doc and range checks (ge, gt, le, lt, choices, nonempty)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc, **checks})
-    return field(default=default, metadata={"doc": doc, **checks})
+def _f(doc: str, **checks: Any) -> Any:
+    """A dataclass field with a one-line doc and range checks (ge, gt, le, lt, choices, nonempty).
+
+    No defaults: params.yaml is the one place a value is set (a default here could disagree with it)."""
+    return field(metadata={"doc": doc, **checks})
 
 
 SOURCE_NAMES = ("synthetic", "humaneval", "mbpp", "pyx", "cruxeval")
@@ -45,58 +45,58 @@ SOURCE_NAMES = ("synthetic", "humaneval", "mbpp", "pyx", "cruxeval")
 class SyntheticConfig:
     """The built-in generator of small programs (the embedded default's main training data)."""
 
-    n_programs: int = _f(1000, "number of distinct programs (problems)", ge=1)
-    calls_per_program: int = _f(2, "calls (samples) per program, each with fresh inputs", ge=1)
-    difficulty: int = _f(2, "1 = straight-line code, 2 = +loops/branches/helpers, 3 = +recursion/nesting", ge=1, le=3)
-    max_int: int = _f(20, "largest free integer argument (0..max_int; loop bounds keep their own ranges)", ge=1, le=99)
-    canonical_names: bool = _f(False, "name variables a, b, c ... in order and the entry f (less to copy: tiny models)")
-    operators: list[str] = _f(["+", "-", "*", "//", "%", "max", "min", "abs"], "integer operations the templates "
+    n_programs: int = _f("number of distinct programs (problems)", ge=1)
+    calls_per_program: int = _f("calls (samples) per program, each with fresh inputs", ge=1)
+    difficulty: int = _f("1 = straight-line code, 2 = +loops/branches/helpers, 3 = +recursion/nesting", ge=1, le=3)
+    max_int: int = _f("largest free integer argument (0..max_int; loop bounds keep their own ranges)", ge=1, le=99)
+    canonical_names: bool = _f("name variables a, b, c ... in order and the entry f (less to copy: tiny models)")
+    operators: list[str] = _f("integer operations the templates "
                               "may draw", choices=("+", "-", "*", "//", "%", "max", "min", "abs"), nonempty=True)
-    seed: int = _f(0, "generator seed; the same seed gives the same programs")
+    seed: int = _f("generator seed; the same seed gives the same programs")
 
 
 @dataclass(frozen=True)
 class SourcePathsConfig:
     """Where the file-backed sources live: a local path, or `hf:<dataset id>[:<split>]` (needs network)."""
 
-    mbpp: str = _f("", "MBPP jsonl (task_id, text, code, test_list, test_setup_code, challenge_test_list)")
-    pyx: str = _f("", "SemCoder PyX jsonl (nl, fwd_mnl, bwd_mnl, response)")
-    cruxeval: str = _f("", "CRUXEval-style jsonl (code, input, output, id)")
+    mbpp: str = _f("MBPP jsonl (task_id, text, code, test_list, test_setup_code, challenge_test_list)")
+    pyx: str = _f("SemCoder PyX jsonl (nl, fwd_mnl, bwd_mnl, response)")
+    cruxeval: str = _f("CRUXEval-style jsonl (code, input, output, id)")
 
 
 @dataclass(frozen=True)
 class TraceConfig:
     """What a trace may contain."""
 
-    max_frames: int = _f(512, "frames per trace; a longer run is kept with status `truncated`", ge=1)
-    max_repr_chars: int = _f(120, "characters per repr; a longer one is cut and ends in a visible marker", ge=8)
-    diff_locals: bool = _f(True, "write a value unchanged since the previous frame of the same scope as \"..\"")
+    max_frames: int = _f("frames per trace; a longer run is kept with status `truncated`", ge=1)
+    max_repr_chars: int = _f("characters per repr; a longer one is cut and ends in a visible marker", ge=8)
+    diff_locals: bool = _f("write a value unchanged since the previous frame of the same scope as \"..\"")
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
     """Per-sample isolation limits (see codi/tracing/sandbox.py)."""
 
-    wall_timeout_s: float = _f(5.0, "wall-clock limit per sample; the whole process group is killed", gt=0)
-    cpu_time_s: int = _f(5, "RLIMIT_CPU per sample", ge=1)
-    memory_mb: int = _f(1024, "RLIMIT_AS per sample", ge=64)
-    max_file_mb: int = _f(8, "RLIMIT_FSIZE per sample (files written in its private temp dir)", ge=1)
-    max_processes: int = _f(16, "RLIMIT_NPROC for the sample's (unprivileged, per-worker) uid", ge=1)
-    max_output_bytes: int = _f(65536, "stdout/stderr bytes kept per sample; the rest is discarded", ge=0)
-    max_result_bytes: int = _f(8_000_000, "bytes of JSON a sample may send back; more is a `truncated`/`error` row", ge=4096)
+    wall_timeout_s: float = _f("wall-clock limit per sample; the whole process group is killed", gt=0)
+    cpu_time_s: int = _f("RLIMIT_CPU per sample", ge=1)
+    memory_mb: int = _f("RLIMIT_AS per sample", ge=64)
+    max_file_mb: int = _f("RLIMIT_FSIZE per sample (files written in its private temp dir)", ge=1)
+    max_processes: int = _f("RLIMIT_NPROC for the sample's (unprivileged, per-worker) uid", ge=1)
+    max_output_bytes: int = _f("stdout/stderr bytes kept per sample; the rest is discarded", ge=0)
+    max_result_bytes: int = _f("bytes of JSON a sample may send back; more is a `truncated`/`error` row", ge=4096)
 
 
 @dataclass(frozen=True)
 class ExtractConfig:
     """`extract`: trace programs from the chosen sources inside the sandbox."""
 
-    sources: list[str] = _f(["synthetic", "humaneval"], "sources to trace, in order", choices=SOURCE_NAMES, nonempty=True)
-    paths: SourcePathsConfig = field(default_factory=SourcePathsConfig, metadata={"doc": "file-backed sources"})
-    skip_bad_lines: bool = _f(False, "count and skip a malformed dataset line instead of failing the stage")
-    workers: int = _f(0, "sandboxed worker processes; 0 = one per CPU core", ge=0)
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig, metadata={"doc": "synthetic generator"})
-    trace: TraceConfig = field(default_factory=TraceConfig, metadata={"doc": "trace content limits"})
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig, metadata={"doc": "isolation limits"})
+    sources: list[str] = _f("sources to trace, in order", choices=SOURCE_NAMES, nonempty=True)
+    paths: SourcePathsConfig = _f("file-backed sources")
+    skip_bad_lines: bool = _f("count and skip a malformed dataset line instead of failing the stage")
+    workers: int = _f("sandboxed worker processes; 0 = one per CPU core", ge=0)
+    synthetic: SyntheticConfig = _f("synthetic generator")
+    trace: TraceConfig = _f("trace content limits")
+    sandbox: SandboxConfig = _f("isolation limits")
 
 
 # ------------------------------------------------------------------------------------ precompute
@@ -104,13 +104,13 @@ class ExtractConfig:
 class PrecomputeConfig:
     """`precompute`: tokenize, locate locals spans, split by problem, write the cache."""
 
-    max_seq_len: int = _f(1024, "drop examples whose prompt + trace tokens exceed this", ge=1)
-    max_frames: int = _f(256, "drop examples with more frames than this", ge=1)
-    val_fraction: float = _f(0.1, "share of problems in the val split", ge=0.0, lt=1.0)
-    test_fraction: float = _f(0.1, "share of problems in the test split", ge=0.0, lt=1.0)
-    split_salt: str = _f("codi-trace", "salt of the stable problem-id hash that assigns splits")
-    holdout_sources: list[str] = _f([], "sources kept whole for evaluation only (split `holdout`)", choices=SOURCE_NAMES)
-    batch_size: int = _f(256, "examples per fast-tokenizer batch", ge=1)
+    max_seq_len: int = _f("drop examples whose prompt + trace tokens exceed this", ge=1)
+    max_frames: int = _f("drop examples with more frames than this", ge=1)
+    val_fraction: float = _f("share of problems in the val split", ge=0.0, lt=1.0)
+    test_fraction: float = _f("share of problems in the test split", ge=0.0, lt=1.0)
+    split_salt: str = _f("salt of the stable problem-id hash that assigns splits")
+    holdout_sources: list[str] = _f("sources kept whole for evaluation only (split `holdout`)", choices=SOURCE_NAMES)
+    batch_size: int = _f("examples per fast-tokenizer batch", ge=1)
 
     def __post_init__(self) -> None:
         if self.val_fraction + self.test_fraction >= 1.0:
@@ -124,17 +124,17 @@ class PrecomputeConfig:
 class TinyModelConfig:
     """The embedded default base model: a from-scratch Qwen2-style decoder and a byte-level BPE."""
 
-    vocab_size: int = _f(2048, "BPE vocabulary incl. the 256 byte symbols and the special tokens", ge=300)
-    tokenizer_min_frequency: int = _f(2, "minimum pair frequency for a BPE merge", ge=1)
-    hidden_size: int = _f(128, "model width", ge=8)
-    num_layers: int = _f(4, "decoder layers", ge=1)
-    num_heads: int = _f(4, "attention heads", ge=1)
-    num_kv_heads: int = _f(2, "key/value heads (grouped-query attention); must divide num_heads", ge=1)
-    intermediate_size: int = _f(512, "MLP width", ge=8)
-    max_position_embeddings: int = _f(2048, "longest sequence the rotary embedding is set up for", ge=16)
-    rope_theta: float = _f(10000.0, "rotary base", gt=0)
-    tie_word_embeddings: bool = _f(True, "share input embeddings and lm_head")
-    seed: int = _f(0, "weight-initialisation seed")
+    vocab_size: int = _f("BPE vocabulary incl. the 256 byte symbols and the special tokens", ge=300)
+    tokenizer_min_frequency: int = _f("minimum pair frequency for a BPE merge", ge=1)
+    hidden_size: int = _f("model width", ge=8)
+    num_layers: int = _f("decoder layers", ge=1)
+    num_heads: int = _f("attention heads", ge=1)
+    num_kv_heads: int = _f("key/value heads (grouped-query attention); must divide num_heads", ge=1)
+    intermediate_size: int = _f("MLP width", ge=8)
+    max_position_embeddings: int = _f("longest sequence the rotary embedding is set up for", ge=16)
+    rope_theta: float = _f("rotary base", gt=0)
+    tie_word_embeddings: bool = _f("share input embeddings and lm_head")
+    seed: int = _f("weight-initialisation seed")
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -147,10 +147,10 @@ class TinyModelConfig:
 class ModelConfig:
     """`model`: the base LM every training stage starts from."""
 
-    base: str = _f("tiny", "`tiny` (embedded default), a local HF folder, or a hub id (needs network)", nonempty=True)
-    revision: str = _f("main", "hub revision when `base` is a hub id")
-    trust_remote_code: bool = _f(False, "allow custom modelling code from the hub")
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata={"doc": "used when base = tiny"})
+    base: str = _f("`tiny` (embedded default), a local HF folder, or a hub id (needs network)", nonempty=True)
+    revision: str = _f("hub revision when `base` is a hub id")
+    trust_remote_code: bool = _f("allow custom modelling code from the hub")
+    tiny: TinyModelConfig = _f("used when base = tiny")
 
 
 # -------------------------------------------------------------------------------------- training
@@ -158,30 +158,30 @@ class ModelConfig:
 class TrainConfig:
     """Hyperparameters of a training stage (the `sft` and `sft_direct` sections; `codi` extends it)."""
 
-    max_steps: int = _f(-1, "optimizer steps; -1 = use epochs", ge=-1)
-    epochs: float = _f(1.0, "passes over the train split when max_steps = -1", gt=0)
-    lr: float = _f(1e-4, "peak learning rate", gt=0)
-    lr_schedule: Literal["cosine", "linear", "constant", "constant_with_warmup"] = _f("cosine", "learning-rate schedule")
-    warmup_ratio: float = _f(0.03, "share of steps spent warming up", ge=0.0, lt=1.0)
-    weight_decay: float = _f(0.0, "AdamW weight decay", ge=0.0)
-    batch_size: int = _f(8, "examples per device per step", ge=1)
-    grad_accum: int = _f(1, "micro-batches accumulated per optimizer step", ge=1)
-    max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 = off", ge=0.0)
-    eval_batch_size: int = _f(16, "examples per device per validation step", ge=1)
-    eval_steps: int = _f(100, "validate every this many steps (and at the end)", ge=1)
-    save_steps: int = _f(100, "checkpoint every this many steps (and at the end)", ge=1)
-    logging_steps: int = _f(10, "log every this many steps", ge=1)
-    save_total_limit: int = _f(2, "checkpoints kept on disk; 0 = all", ge=0)
-    keep: Literal["best", "last"] = _f("last", "final model: lowest validation loss, or the last step")
+    max_steps: int = _f("optimizer steps; -1 = use epochs", ge=-1)
+    epochs: float = _f("passes over the train split when max_steps = -1", gt=0)
+    lr: float = _f("peak learning rate", gt=0)
+    lr_schedule: Literal["cosine", "linear", "constant", "constant_with_warmup"] = _f("learning-rate schedule")
+    warmup_ratio: float = _f("share of steps spent warming up", ge=0.0, lt=1.0)
+    weight_decay: float = _f("AdamW weight decay", ge=0.0)
+    batch_size: int = _f("examples per device per step", ge=1)
+    grad_accum: int = _f("micro-batches accumulated per optimizer step", ge=1)
+    max_grad_norm: float = _f("gradient clipping norm; 0 = off", ge=0.0)
+    eval_batch_size: int = _f("examples per device per validation step", ge=1)
+    eval_steps: int = _f("validate every this many steps (and at the end)", ge=1)
+    save_steps: int = _f("checkpoint every this many steps (and at the end)", ge=1)
+    logging_steps: int = _f("log every this many steps", ge=1)
+    save_total_limit: int = _f("checkpoints kept on disk; 0 = all", ge=0)
+    keep: Literal["best", "last"] = _f("final model: lowest validation loss, or the last step")
     optimizer: Literal["auto", "adamw_torch", "paged_adamw_8bit", "adafactor", "sgd"] = _f(
-        "auto", "auto = paged 8-bit AdamW on a GPU with bitsandbytes, AdamW otherwise")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = _f("auto", "auto = bf16 where the GPU supports it, fp32 on CPU")
-    gradient_checkpointing: bool = _f(False, "recompute activations in backward (saves memory); codi: the teacher's CE pass")
-    group_by_length: bool = _f(True, "batch examples of similar length together (less padding: ~2x faster here)")
-    torch_threads: int = _f(1, "torch intra-op threads on CPU; 0 = torch's default (1 is fastest for tiny models)", ge=0)
-    cpu_processes: int = _f(1, "data-parallel CPU processes (gloo) when there is no GPU; global batch = "
+        "auto = paged 8-bit AdamW on a GPU with bitsandbytes, AdamW otherwise")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _f("auto = bf16 where the GPU supports it, fp32 on CPU")
+    gradient_checkpointing: bool = _f("recompute activations in backward (saves memory); codi: the teacher's CE pass")
+    group_by_length: bool = _f("batch examples of similar length together (less padding: ~2x faster here)")
+    torch_threads: int = _f("torch intra-op threads on CPU; 0 = torch's default (1 is fastest for tiny models)", ge=0)
+    cpu_processes: int = _f("data-parallel CPU processes (gloo) when there is no GPU; global batch = "
                                 "batch_size x processes x grad_accum", ge=1)
-    seed: int = _f(0, "seed of weights-independent randomness (data order, dropout)")
+    seed: int = _f("seed of weights-independent randomness (data order, dropout)")
 
     def __post_init__(self) -> None:
         if self.keep == "best" and self.save_steps % self.eval_steps:
@@ -193,16 +193,16 @@ class TrainConfig:
 class CodiConfig(TrainConfig):
     """`codi` (stage 2b): the reference design's options plus the training hyperparameters."""
 
-    latent_steps: int = _f(1, "recurrent latents per LINE frame (between latent_start and latent_end)", ge=0)
-    kd_layers: list[int] | None = _f(None, "hidden-state layers KD aligns (index into hidden_states: 0 = embeddings, "
+    latent_steps: int = _f("recurrent latents per LINE frame (between latent_start and latent_end)", ge=0)
+    kd_layers: list[int] | None = _f("hidden-state layers KD aligns (index into hidden_states: 0 = embeddings, "
                                       "-1 = last); null = all layers (frozen teacher or logit KD: the last)")
-    frozen_teacher: str = _f("", "path of a frozen teacher model; \"\" = the shared-weight teacher")
-    kd_target: Literal["hidden", "logit"] = _f("hidden", "hidden: smooth L1 on hidden states; logit: KL on lm_head logits")
-    kd_temp: float = _f(2.0, "temperature of logit KD", gt=0)
-    single_anchor: bool = _f(False, "KD on the last frame only (vanilla CODI ablation)")
-    ss_prob: float = _f(0.0, "scheduled sampling: final probability of feeding a post-latent segment's own argmax", ge=0.0, le=1.0)
-    ss_ramp_frac: float = _f(0.5, "share of steps over which ss_prob ramps up linearly from 0", gt=0.0, le=1.0)
-    val_accuracy_samples: int = _f(32, "val examples decoded with latents at each evaluation (output accuracy); 0 = off", ge=0)
+    frozen_teacher: str = _f("path of a frozen teacher model; \"\" = the shared-weight teacher")
+    kd_target: Literal["hidden", "logit"] = _f("hidden: smooth L1 on hidden states; logit: KL on lm_head logits")
+    kd_temp: float = _f("temperature of logit KD", gt=0)
+    single_anchor: bool = _f("KD on the last frame only (vanilla CODI ablation)")
+    ss_prob: float = _f("scheduled sampling: final probability of feeding a post-latent segment's own argmax", ge=0.0, le=1.0)
+    ss_ramp_frac: float = _f("share of steps over which ss_prob ramps up linearly from 0", gt=0.0, le=1.0)
+    val_accuracy_samples: int = _f("val examples decoded with latents at each evaluation (output accuracy); 0 = off", ge=0)
 
 
 # ------------------------------------------------------------------------------------- evaluate
@@ -210,16 +210,16 @@ class CodiConfig(TrainConfig):
 class EvaluateConfig:
     """`evaluate`: explicit-trace vs latent vs no-trace decoding on held-out problems."""
 
-    modes: list[str] = _f(["explicit", "latent", "direct"], "decoders to compare",
+    modes: list[str] = _f("decoders to compare",
                           choices=("explicit", "latent", "direct"), nonempty=True)
-    splits: list[str] = _f(["test"], "cache splits to evaluate on", choices=("train", "val", "test", "holdout"), nonempty=True)
-    max_examples: int = _f(0, "examples per split; 0 = all", ge=0)
-    batch_size: int = _f(16, "examples decoded together", ge=1)
-    max_new_tokens: int = _f(1024, "generated positions (tokens + latents) per example", ge=1)
-    max_frames: int = _f(256, "generated frames per example", ge=1)
-    constrain_actions: bool = _f(True, "explicit/latent: after <|action_sep|> write only one of the program's "
+    splits: list[str] = _f("cache splits to evaluate on", choices=("train", "val", "test", "holdout"), nonempty=True)
+    max_examples: int = _f("examples per split; 0 = all", ge=0)
+    batch_size: int = _f("examples decoded together", ge=1)
+    max_new_tokens: int = _f("generated positions (tokens + latents) per example", ge=1)
+    max_frames: int = _f("generated frames per example", ge=1)
+    constrain_actions: bool = _f("explicit/latent: after <|action_sep|> write only one of the program's "
                                  "lines (the model still picks which); false = free decoding")
-    torch_threads: int = _f(1, "torch intra-op threads on CPU; 0 = torch's default", ge=0)
+    torch_threads: int = _f("torch intra-op threads on CPU; 0 = torch's default", ge=0)
 
 
 # --------------------------------------------------------------------------------- logging / ops
@@ -227,36 +227,36 @@ class EvaluateConfig:
 class WandbConfig:
     """Where training runs log. Not a DVC dependency: changing where logs go never retrains."""
 
-    mode: Literal["offline", "online", "disabled"] = _f("offline", "offline runs sync later with `wandb sync`; WANDB_MODE overrides")
-    project: str = _f("codi-trace", "wandb project", nonempty=True)
-    entity: str = _f("", "wandb entity (team); \"\" = your default")
+    mode: Literal["offline", "online", "disabled"] = _f("offline runs sync later with `wandb sync`; WANDB_MODE overrides")
+    project: str = _f("wandb project", nonempty=True)
+    entity: str = _f("wandb entity (team); \"\" = your default")
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
     """The Prefect deployment (pipelines/): schedule and retries. Not a DVC dependency."""
 
-    cron: str = _f("0 3 * * *", "schedule of the served pipeline deployment", nonempty=True)
-    retries: int = _f(1, "retries of a stage that failed transiently", ge=0)
-    retry_delay_s: float = _f(10.0, "seconds before a retry", ge=0)
+    cron: str = _f("schedule of the served pipeline deployment", nonempty=True)
+    retries: int = _f("retries of a stage that failed transiently", ge=0)
+    retry_delay_s: float = _f("seconds before a retry", ge=0)
 
 
 @dataclass(frozen=True)
 class Params:
     """The whole params.yaml."""
 
-    alpha: float = _f(1.0, "weight of the teacher CE (L = alpha*Lt + beta*Ls + gamma*Lkd)", ge=0.0)
-    beta: float = _f(1.0, "weight of the student CE", ge=0.0)
-    gamma: float = _f(1.0, "weight of the KD loss", ge=0.0)
-    extract: ExtractConfig = field(default_factory=ExtractConfig)
-    precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    sft: TrainConfig = field(default_factory=TrainConfig)
-    sft_direct: TrainConfig = field(default_factory=TrainConfig)
-    codi: CodiConfig = field(default_factory=CodiConfig)
-    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    alpha: float = _f("weight of the teacher CE (L = alpha*Lt + beta*Ls + gamma*Lkd)", ge=0.0)
+    beta: float = _f("weight of the student CE", ge=0.0)
+    gamma: float = _f("weight of the KD loss", ge=0.0)
+    extract: ExtractConfig = _f("stage extract")
+    precompute: PrecomputeConfig = _f("stage precompute")
+    model: ModelConfig = _f("the base model")
+    sft: TrainConfig = _f("stage sft")
+    sft_direct: TrainConfig = _f("stage sft_direct")
+    codi: CodiConfig = _f("stage codi")
+    evaluate: EvaluateConfig = _f("stage evaluate")
+    wandb: WandbConfig = _f("wandb logging")
+    pipeline: PipelineConfig = _f("the Prefect deployment")
 
 
 # --------------------------------------------------------------------------------------- loading

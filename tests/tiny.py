@@ -44,3 +44,18 @@ def tiny_params(**overrides: Any) -> dict:
 def write_params(path: Path, params: dict) -> Path:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
+
+
+def shipped(section: str, **overrides: Any) -> Any:
+    """A section of the shipped params.yaml as its config dataclass (`"extract.trace"`), fields replaced.
+
+    The config dataclasses have no defaults (params.yaml is the one place a value is set), so a test
+    starts from the shipped values and names what it changes."""
+    import dataclasses
+
+    from codi.config import load_params
+
+    cfg: Any = load_params(ROOT / "params.yaml")
+    for part in section.split("."):
+        cfg = getattr(cfg, part)
+    return dataclasses.replace(cfg, **overrides)

@@ -87,10 +87,17 @@ def test_yaml_syntax_error_names_the_file(tmp_path):
         load_params(tmp_path / "params.yaml")
 
 
-def test_configs_are_frozen():
-    params = Params()
+def test_configs_are_frozen_and_have_no_defaults():
+    params = load_params(ROOT / "params.yaml")
     with pytest.raises(Exception):
         params.codi.latent_steps = 3  # type: ignore[misc]
+    # params.yaml is the one place a value is set: a dataclass default could only disagree with it
+    import dataclasses
+    with pytest.raises(TypeError, match="missing"):
+        type(params.codi)()
+    for cls in (type(params), type(params.extract), type(params.extract.synthetic), type(params.model.tiny)):
+        assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   for f in dataclasses.fields(cls)), cls.__name__
 
 
 def _dvc_stages() -> dict:

@@ -14,10 +14,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.codi_oracle` without a conftest
 
 import codi.modeling.losses as losses  # noqa: E402
-from codi.config import CodiConfig  # noqa: E402
 from codi.modeling import (CodiModel, PaddedRows, activation_checkpointing, latent_block, load_codi_model,  # noqa: E402
                            plan_example, read_codi_config, save_codi_model, ss_ramp)
 from codi.tokens import add_trace_tokens, token_ids  # noqa: E402
+from tests.tiny import shipped  # noqa: E402
 from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, oracle_latent_block, tiny_base  # noqa: E402
 
 torch.set_num_threads(1)
@@ -71,14 +71,14 @@ def test_logit_accepts_last_layer_spellings():
 
 
 def test_from_config_maps_fields():
-    cfg = CodiConfig(latent_steps=3, kd_layers=[-1], single_anchor=True, kd_target="hidden", kd_temp=1.0)
+    cfg = shipped("codi", latent_steps=3, kd_layers=[-1], single_anchor=True, kd_target="hidden", kd_temp=1.0)
     m = CodiModel.from_config(tiny_base(), TOKEN_IDS, cfg, alpha=0.5, beta=2.0, gamma=3.0)
     assert (m.latent_steps, m.kd_layers_arg, m.single_anchor) == (3, [-1], True)
     assert (m.teacher_ce_weight, m.student_ce_weight, m.kd_weight) == (0.5, 2.0, 3.0)
     with pytest.raises(ValueError, match="codi.frozen_teacher"):
-        CodiModel.from_config(tiny_base(), TOKEN_IDS, CodiConfig(frozen_teacher="models/sft"), 1, 1, 1)
+        CodiModel.from_config(tiny_base(), TOKEN_IDS, shipped("codi", frozen_teacher="models/sft"), 1, 1, 1)
     with pytest.raises(ValueError, match="codi.frozen_teacher"):
-        CodiModel.from_config(tiny_base(), TOKEN_IDS, CodiConfig(), 1, 1, 1, frozen_teacher=tiny_base())
+        CodiModel.from_config(tiny_base(), TOKEN_IDS, shipped("codi"), 1, 1, 1, frozen_teacher=tiny_base())
 
 
 def test_projector_and_frozen_teacher_registration():

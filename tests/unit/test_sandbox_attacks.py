@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from codi.config import SandboxConfig, TraceConfig
 from codi.sources.base import Sample
 from codi.tracing.format import REPR_CUT, render_trace
 from codi.tracing.sandbox import TracerPool
+from tests.tiny import shipped
 
 SECRET = "s3cr3t-6b1f0e-do-not-leak"
-SANDBOX = SandboxConfig(wall_timeout_s=1.5, cpu_time_s=1, memory_mb=256, max_processes=8,
+SANDBOX = shipped("extract.sandbox", wall_timeout_s=1.5, cpu_time_s=1, memory_mb=256, max_processes=8,
                         max_output_bytes=4096)
 # Enough frames for a RecursionError (about 2 per level); a traced endless loop ends at max_frames.
-TRACE = TraceConfig(max_frames=5000)
+TRACE = shipped("extract.trace", max_frames=5000)
 GOOD = ("def f(a, b):\n    y = a\n    for i in range(b):\n        y += len([y]) * i\n    return y\n", "f(1, 3)", "4")
 
 

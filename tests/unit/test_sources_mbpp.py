@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from codi.config import ExtractConfig
 from codi.sources.base import DatasetError
 from codi.sources.registry import load_samples
+from tests.tiny import shipped
 
 FIX = Path(__file__).parents[1] / "fixtures" / "sources"
-CFG = ExtractConfig()
+CFG = shipped("extract")
 SKIP = dataclasses.replace(CFG, skip_bad_lines=True)
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from codi.config import ExtractConfig
 from codi.sources.base import DatasetError
 from codi.sources.registry import load_samples
+from tests.tiny import shipped
 
 FIX = Path(__file__).parents[1] / "fixtures" / "sources"
-CFG = ExtractConfig()
+CFG = shipped("extract")
 SUM_EVEN = ("def sum_even(nums):\n    total = 0\n    for n in nums:\n        if n % 2 == 0:\n"
             "            total += n\n    return total\n")
 

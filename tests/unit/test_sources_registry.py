@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from codi.config import ExtractConfig, SourcePathsConfig, SyntheticConfig
 from codi.sources.base import DatasetError
 from codi.sources.registry import load_samples, parse_hub_path
+from tests.tiny import shipped
 
 FIX = Path(__file__).parents[1] / "fixtures" / "sources"
-CFG = ExtractConfig()
+CFG = shipped("extract")
 CRUX = {"code": "def f(x):\n    return x\n", "input": "1", "output": "1", "id": "a"}
 
 
@@ -25,7 +25,7 @@ def test_unknown_source_and_synthetic_path():
 
 
 def test_synthetic_comes_from_its_config():
-    cfg = dataclasses.replace(CFG, synthetic=SyntheticConfig(n_programs=3, calls_per_program=2, difficulty=1, seed=4))
+    cfg = dataclasses.replace(CFG, synthetic=shipped("extract.synthetic", n_programs=3, calls_per_program=2, difficulty=1, seed=4))
     load = load_samples("synthetic", cfg)
     assert [s.sample_id for s in load.samples] == [f"synthetic/{i}/{k}" for i in range(3) for k in range(2)]
     assert not load.skipped and not load.unchecked
@@ -34,7 +34,7 @@ def test_synthetic_comes_from_its_config():
 def test_a_file_source_needs_a_path_and_reads_the_configured_one():
     with pytest.raises(DatasetError, match=r"source mbpp: no path: set extract.paths.mbpp in params.yaml or pass --path"):
         load_samples("mbpp", CFG)
-    cfg = dataclasses.replace(CFG, paths=SourcePathsConfig(cruxeval=str(FIX / "cruxeval.jsonl")))
+    cfg = dataclasses.replace(CFG, paths=shipped("extract.paths", cruxeval=str(FIX / "cruxeval.jsonl")))
     assert len(load_samples("cruxeval", cfg).samples) == 5
     with pytest.raises(DatasetError, match="cruxeval_bad.jsonl:2"):  # path overrides extract.paths
         load_samples("cruxeval", cfg, path=str(FIX / "cruxeval_bad.jsonl"))

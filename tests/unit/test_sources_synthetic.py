@@ -16,10 +16,14 @@ from codi.sources.synthetic import MAX_LINES, generate, generate_programs
 from codi.sources.synthetic_templates import TEMPLATES, Draft, Template
 
 N = 300
+ALL_OPERATORS = ["+", "-", "*", "//", "%", "max", "min", "abs"]
 
 
-def _cfg(difficulty=2, n=N, calls=2, seed=0):
-    return SyntheticConfig(n_programs=n, calls_per_program=calls, difficulty=difficulty, seed=seed)
+def _cfg(difficulty=2, n=N, calls=2, seed=0, **knobs):
+    """The generator over its whole space: every operator, inputs up to 20, free names (unless `knobs` say)."""
+    fields = dict(n_programs=n, calls_per_program=calls, difficulty=difficulty, max_int=20, canonical_names=False,
+                  operators=ALL_OPERATORS, seed=seed)
+    return SyntheticConfig(**{**fields, **knobs})
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3])
@@ -44,7 +48,8 @@ def test_the_first_programs_do_not_depend_on_n_programs():
 
 def test_determinism_across_processes_and_hash_seeds():
     code = ("from codi.config import SyntheticConfig; from codi.sources.synthetic import generate; import hashlib;"
-            "s = generate(SyntheticConfig(n_programs=60, calls_per_program=2, difficulty=3, seed=7));"
+            "s = generate(SyntheticConfig(n_programs=60, calls_per_program=2, difficulty=3, max_int=20, "
+            f"canonical_names=False, operators={ALL_OPERATORS!r}, seed=7));"
             "print(hashlib.sha256(repr(s).encode()).hexdigest())")
     outs = {subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True,
                            text=True, check=True).stdout for seed in ("1", "2")}
@@ -172,7 +177,7 @@ def _operators_in(program: str) -> set[str]:
 @pytest.mark.parametrize("op", list(_OPERATOR_PATTERNS))
 def test_level_1_programs_use_exactly_the_allowed_operator(op):
     """Level 1 draws every operation through Gen.arith / Gen.cond: one allowed operator, only it."""
-    progs = generate_programs(SyntheticConfig(n_programs=120, difficulty=1, operators=[op], seed=1))
+    progs = generate_programs(_cfg(n=120, difficulty=1, operators=[op], seed=1))
     seen = [_operators_in(p.program) for p in progs]
     assert all(s <= {op} for s in seen), [p.program for p, s in zip(progs, seen) if not s <= {op}][:2]
     assert sum(op in s for s in seen) >= 0.8 * len(progs)
@@ -181,7 +186,7 @@ def test_level_1_programs_use_exactly_the_allowed_operator(op):
 def test_level_3_programs_draw_only_allowed_operators():
     """Loops, lists, recursion: the drawn operations follow the knob; only the templates' fixed structure
     (counters, accumulators, recursion steps: + and -; an index taken `% len(...)`) is outside it."""
-    progs = generate_programs(SyntheticConfig(n_programs=400, difficulty=3, operators=["+", "-"], seed=2))
+    progs = generate_programs(_cfg(n=400, difficulty=3, operators=["+", "-"], seed=2))
     for p in progs:
         text = re.sub(r" % len\(", " mod_len(", p.program)
         assert _operators_in(text) <= {"+", "-"}, p.program
@@ -190,18 +195,18 @@ def test_level_3_programs_draw_only_allowed_operators():
 
 def test_max_int_bounds_the_free_integer_arguments():
     import ast
-    progs = generate_programs(SyntheticConfig(n_programs=200, difficulty=1, max_int=3, seed=3))
+    progs = generate_programs(_cfg(n=200, difficulty=1, max_int=3, seed=3))
     args = [a for p in progs for call, _ in p.calls for a in ast.literal_eval(call[call.index("("):].replace("(", "[", 1)[:-1] + "]")]
     assert args and all(isinstance(a, int) and 0 <= a <= 3 for a in args)
     assert set(args) == {0, 1, 2, 3}
 
 
 def test_canonical_names_are_a_b_c_in_order_and_the_entry_is_f():
-    progs = generate_programs(SyntheticConfig(n_programs=100, difficulty=1, canonical_names=True, seed=4))
+    progs = generate_programs(_cfg(n=100, difficulty=1, canonical_names=True, seed=4))
     for p in progs:
         header = p.program.splitlines()[0]
         assert header.startswith("def f("), header
         params = header[len("def f("):header.index(")")].split(", ")
         assert params == list("abcd")[:len(params)], header
-    free = generate_programs(SyntheticConfig(n_programs=100, difficulty=1, canonical_names=False, seed=4))
+    free = generate_programs(_cfg(n=100, difficulty=1, canonical_names=False, seed=4))
     assert len({p.program.splitlines()[0] for p in free}) > 10

@@ -7,10 +7,10 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers,
 from transformers import PreTrainedTokenizerFast
 
 from codi.base_model import train_tiny_tokenizer
-from codi.config import TinyModelConfig
 from codi.spans import SpanError, encode_examples, encode_naive
 from codi.tokens import ACTION_SEP, FRAME_SEP, LINE_SEP, TRACE_TOKENS, add_trace_tokens, token_ids
 from codi.tracing.format import Frame, encode_locals, encode_value, locals_offsets, render_prompt, render_trace
+from tests.tiny import shipped
 
 PROGRAM = "def f(s, n):\n    t = s * n\n    return t\n"
 
@@ -35,7 +35,7 @@ def corpus() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_tok():
-    return train_tiny_tokenizer(corpus(), TinyModelConfig(vocab_size=400))
+    return train_tiny_tokenizer(corpus(), shipped("model.tiny", vocab_size=400))
 
 
 def metaspace_tok():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import signal
@@ -9,14 +11,16 @@ import threading
 
 import pytest
 
-from codi.config import SandboxConfig, TraceConfig
 from codi.sources.base import Sample
 from codi.tokens import FRAME_SEP
 from codi.tracing.format import REPR_CUT, UNCHANGED, entry_exit, parse_trace, render_trace
 from codi.tracing.sandbox import STATUSES, TracerPool, candidate_modes, trace_in_fresh_interpreter
 from codi.tracing.worker import build_frames, parse_stream
+from tests.tiny import shipped
 
-SANDBOX = SandboxConfig(wall_timeout_s=5.0)
+SANDBOX = shipped("extract.sandbox", wall_timeout_s=5.0)
+# The trace grammar's diff encoding ("..") and roomy limits: what these tests read back.
+TRACE = shipped("extract.trace", diff_locals=True, max_frames=512, max_repr_chars=120)
 DESIGN_EXAMPLE = "def f(a, b):\n    y = a\n    for i in range(b):\n        y += y * i\n    return y\n"
 
 
@@ -26,7 +30,7 @@ def sample(program: str, call: str, expected: str | None = None, setup: str = ""
 
 @pytest.fixture(scope="module")
 def pool():
-    with TracerPool(TraceConfig(), SANDBOX, workers=2) as p:
+    with TracerPool(TRACE, SANDBOX, workers=2) as p:
         yield p
 
 
@@ -52,7 +56,7 @@ def test_design_example_trace_text(pool) -> None:
 
 
 def test_without_diff_every_value_is_written() -> None:
-    with TracerPool(TraceConfig(diff_locals=False), SANDBOX, workers=1) as p:
+    with TracerPool(dataclasses.replace(TRACE, diff_locals=False), SANDBOX, workers=1) as p:
         [r] = p.trace([sample(DESIGN_EXAMPLE, "f(1, 3)")])
     assert r.status == "ok"
     assert all(UNCHANGED not in f.locals_dict().values() for f in r.frames if f.locals)
@@ -112,7 +116,7 @@ def test_decorated_function_starts_on_its_def_line(pool) -> None:
 
 
 def test_truncation_at_max_frames_keeps_the_frames_so_far() -> None:
-    with TracerPool(TraceConfig(max_frames=10), SANDBOX, workers=1) as p:
+    with TracerPool(dataclasses.replace(TRACE, max_frames=10), SANDBOX, workers=1) as p:
         [r] = p.trace([sample(DESIGN_EXAMPLE, "f(1, 100)")])
     assert r.status == "truncated" and "max_frames=10" in r.reason
     assert len(r.frames) == 10 and r.return_repr is None
@@ -120,7 +124,7 @@ def test_truncation_at_max_frames_keeps_the_frames_so_far() -> None:
 
 
 def test_long_reprs_are_cut_with_the_marker() -> None:
-    with TracerPool(TraceConfig(max_repr_chars=20), SANDBOX, workers=1) as p:
+    with TracerPool(dataclasses.replace(TRACE, max_repr_chars=20), SANDBOX, workers=1) as p:
         [r] = p.trace([sample("def f(n):\n    xs = list(range(n))\n    return xs\n", "f(1000)")])
     assert r.status == "ok"
     assert r.return_repr == "[0, 1, 2, 3, 4,<cut>" and len(r.return_repr) == 20
@@ -135,9 +139,9 @@ DETERMINISM = (
 def test_the_same_sample_twice_gives_identical_text(pool) -> None:
     s = sample(DETERMINISM, "f(['apple', 'banana', 'cherry', 'date', 'elder'])")
     a, b = pool.trace([s, s])
-    with TracerPool(TraceConfig(), SANDBOX, workers=1) as other:
+    with TracerPool(TRACE, SANDBOX, workers=1) as other:
         [c] = other.trace([s])
-    fresh = trace_in_fresh_interpreter(s, TraceConfig(), SANDBOX)
+    fresh = trace_in_fresh_interpreter(s, TRACE, SANDBOX)
     texts = {render_trace(list(r.frames)) for r in (a, b, c, fresh)}
     assert a.status == "ok" and len(texts) == 1
     assert '"b": "<program.Box object at 0x?>"' in texts.pop()
@@ -178,7 +182,7 @@ def test_output_is_captured(pool) -> None:
 def test_fresh_interpreter_gives_the_pool_result(pool) -> None:
     s = sample(DESIGN_EXAMPLE, "f(2, 4)", expected="48")
     [a] = pool.trace([s])
-    b = trace_in_fresh_interpreter(s, TraceConfig(), SANDBOX)
+    b = trace_in_fresh_interpreter(s, TRACE, SANDBOX)
     assert (a.status, a.frames, a.return_repr, a.match) == (b.status, b.frames, b.return_repr, b.match)
 
 
@@ -199,7 +203,7 @@ def test_isolation_is_reported(pool) -> None:
 def test_other_modes_trace_and_say_what_they_isolate(mode: str) -> None:
     if mode not in candidate_modes("auto") and mode == "userns" and os.geteuid() != 0:
         mode = "process"  # this machine allows no user namespaces: test the fallback instead
-    with TracerPool(TraceConfig(), SANDBOX, workers=1, mode=mode) as p:
+    with TracerPool(TRACE, SANDBOX, workers=1, mode=mode) as p:
         [r] = p.trace([sample(DESIGN_EXAMPLE, "f(1, 3)", expected="6")])
         line = p.isolation
     assert (r.status, r.match) == ("ok", True)
@@ -225,8 +229,8 @@ def test_stream_from_another_process_or_garbage_is_not_trusted() -> None:
 
 
 def test_a_result_over_max_result_bytes_is_cut_to_fit() -> None:
-    sandbox = SandboxConfig(wall_timeout_s=5.0, max_result_bytes=4096)
-    with TracerPool(TraceConfig(max_frames=5000), sandbox, workers=1) as p:
+    sandbox = shipped("extract.sandbox", wall_timeout_s=5.0, max_result_bytes=4096)
+    with TracerPool(dataclasses.replace(TRACE, max_frames=5000), sandbox, workers=1) as p:
         [r] = p.trace([sample(DESIGN_EXAMPLE, "f(1, 1000)")])
     assert r.status == "truncated" and "max_result_bytes=4096" in r.reason
     assert 0 < len(r.frames) < 200 and r.return_repr is None
@@ -236,7 +240,7 @@ def test_a_result_over_max_result_bytes_is_cut_to_fit() -> None:
 def test_a_dead_worker_is_replaced_and_its_sample_run_again() -> None:
     slow = sample("import time\ndef f():\n    time.sleep(1.5)\n    return 5\n", "f()")
     good = sample(DESIGN_EXAMPLE, "f(1, 3)", expected="6")
-    with TracerPool(TraceConfig(), SANDBOX, workers=1) as p:
+    with TracerPool(TRACE, SANDBOX, workers=1) as p:
         die = lambda: os.killpg(p._workers[0].proc.pid, signal.SIGKILL)
         timer = threading.Timer(0.5, die)  # the worker dies while the sample runs
         timer.start()
@@ -265,5 +269,5 @@ def test_the_child_imports_the_stdlib_modules_its_program_names() -> None:
     # a fresh interpreter pre-imports nothing: the child must import these before it drops privileges
     prog = ("import fractions, statistics as st\nfrom os import path\nfrom collections import abc\n"
             "def f():\n    return str(fractions.Fraction(1, 3)), st.mean([1, 2]), path.join('a', 'b'), abc.Sized.__name__\n")
-    r = trace_in_fresh_interpreter(sample(prog, "f()", expected="('1/3', 1.5, 'a/b', 'Sized')"), TraceConfig(), SANDBOX)
+    r = trace_in_fresh_interpreter(sample(prog, "f()", expected="('1/3', 1.5, 'a/b', 'Sized')"), TRACE, SANDBOX)
     assert (r.status, r.match) == ("ok", True)

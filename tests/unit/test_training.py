@@ -13,9 +13,7 @@ import torch
 
 from codi.batching import IGNORE_INDEX, CausalLMCollator
 from codi.training import CheckpointDir, atomic_dir, checkpoint_problem, setup_wandb, finish_wandb
-from codi.config import WandbConfig
-
-
+from tests.tiny import shipped
 def examples():
     return [{"prompt_ids": [5, 6, 7], "trace_ids": [8, 9, 2], "answer_ids": [4, 2]},
             {"prompt_ids": [5, 6, 7, 7, 7], "trace_ids": [8, 9, 9, 9, 2], "answer_ids": [3, 3, 2]}]
@@ -128,7 +126,7 @@ def test_wandb_offline_writes_a_run_and_opens_no_connection(tmp_path, monkeypatc
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("DVC_EXP_NAME", "exp-test")
-    report = setup_wandb(WandbConfig(mode="offline", project="codi-test", entity=""), "sft", {"sft": {"lr": 1.0}}, True)
+    report = setup_wandb(shipped("wandb", mode="offline", project="codi-test", entity=""), "sft", {"sft": {"lr": 1.0}}, True)
     assert report == ["wandb"]
     import wandb
     assert wandb.run.name == "exp-test-sft" and wandb.run.group == "exp-test"
@@ -143,7 +141,7 @@ def test_wandb_offline_writes_a_run_and_opens_no_connection(tmp_path, monkeypatc
 
 def test_wandb_disabled_reports_nowhere(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")  # the environment wins over params
-    assert setup_wandb(WandbConfig(mode="online", project="p", entity=""), "sft", {}, True) == []
+    assert setup_wandb(shipped("wandb", mode="online", project="p", entity=""), "sft", {}, True) == []
 
 
 def test_the_refusal_names_what_changed_in_words(tmp_path, capsys):
