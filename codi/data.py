@@ -20,6 +20,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from codi.files import atomic_path, file_sha256
+
 SPLITS = ("train", "val", "test", "holdout")
 CACHE_FORMAT_VERSION = 1
 
@@ -63,19 +65,9 @@ def write_split(rows: list[dict[str, Any]], path: str | Path) -> str:
             else:
                 cols[name].append(r[name])
     table = pa.table(cols, schema=SCHEMA)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
         writer.write_table(table, max_chunksize=4096)
-    tmp.replace(path)
     return file_sha256(path)
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_table(path: str | Path) -> pa.Table:

@@ -4,7 +4,7 @@
     digest = code_digest(files)                   # {"codi/stages/sft.py": sha256, ...}
 
 The closure follows every import statement of a file, function-local ones included (a superset of
-what one run executes, never less). dvc.yaml's code deps must cover it (tests/unit/test_dvc_deps.py)
+what one run executes, never less), except those under `if TYPE_CHECKING:`. dvc.yaml's code deps must cover it (tests/unit/test_dvc_deps.py)
 and a training run's checkpoint fingerprint holds its digest, so an edit reruns and retrains.
 """
 
@@ -40,7 +40,7 @@ def _package_of(name: str, path: Path) -> str:
 def imported_modules(name: str, path: Path) -> set[str]:
     """Every module of the package that a statement of `path` (module `name`) imports, with its parents."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _executed_nodes(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -56,6 +56,23 @@ def imported_modules(name: str, path: Path) -> set[str]:
         parts = mod.split(".")
         closed.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))  # a parent package runs first
     return {m for m in closed if module_file(m) is not None}
+
+
+def _executed_nodes(tree: ast.AST):
+    """Every node of `tree` except those under `if TYPE_CHECKING:` (imports for type checkers only)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def import_closure(modules: Iterable[str]) -> list[Path]:

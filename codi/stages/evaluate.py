@@ -1,18 +1,10 @@
 """Stage `evaluate`: explicit-trace vs latent vs no-trace decoding on held-out problems.
 
-    python -m codi evaluate [--sft models/sft --codi models/codi --direct models/sft_direct]
+    python -m codi evaluate      # metrics/eval.{json,md}, metrics/eval_by_source.json, predictions, plots/eval/
 
-For each example of the configured splits (default: test), each mode decodes greedily with a KV
-cache (codi.decoding): `explicit` = the sft model writes the whole trace, `latent` = the codi model
-writes the trace with a latent block in place of every LINE frame's locals, `direct` = the
-sft_direct baseline writes only the answer. With `evaluate.constrain_actions` (default) the
-explicit and latent decoders write each action as one of the program's lines (codi.decoding: the
-model picks the line; it cannot misspell it). Scores (codi.metrics): output accuracy, trace fidelity,
-positions and time per example; retention, compression and speedup of latent over explicit.
-
-Writes `metrics/eval.json` (compact, DVC metrics: `dvc exp show`), `metrics/eval_by_source.json`,
-`metrics/eval.md` (the table, also printed), `data/eval/predictions.parquet` (one row per example per
-mode) and `plots/eval/` (csv for `dvc plots`, PNGs for people).
+Each mode decodes greedily (codi.decoding): `explicit` = the sft model writes the trace, `latent` = the codi
+model writes it with a latent block per LINE frame (exactly the latent_steps it was trained with), `direct` =
+the sft_direct baseline writes only the answer. Scores: codi.metrics; reports: codi.report.
 """
 
 from __future__ import annotations
@@ -23,9 +15,11 @@ from typing import Any
 
 from codi.config import ConfigError, Params
 from codi.data import CacheDataset
+from codi.decoding import iter_decode, program_action_lines
+from codi.device import set_threads
+from codi.files import write_json, write_text
 from codi.metrics import score_example, summarize
 from codi.report import compact, markdown_report, write_plots, write_predictions
-from codi.training import set_threads, write_json
 from codi.tracing.format import parse_trace
 
 MODE_MODEL = {"explicit": "sft", "latent": "codi", "direct": "sft_direct"}
@@ -58,10 +52,9 @@ def load_mode_model(mode: str, paths: dict[str, Path]):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path), None, 0
 
 
-def run(params: Params, cache_dir: Path, sft: Path, codi: Path, direct: Path, metrics_dir: Path,
-        predictions: Path, plots: Path) -> int:
-    from codi.decoding import iter_decode, program_action_lines
-
+def run(params: Params, cache: Path, sft: Path, codi: Path, direct: Path, metrics: Path, predictions: Path,
+        plots: Path) -> int:
+    cache_dir, metrics_dir = cache, metrics
     cfg = params.evaluate
     set_threads(cfg.torch_threads)
     examples = load_examples(cache_dir, cfg.splits, cfg.max_examples)
@@ -75,7 +68,7 @@ def run(params: Params, cache_dir: Path, sft: Path, codi: Path, direct: Path, me
         lines = ([program_action_lines(tok, e["program"]) for e in examples]
                  if cfg.constrain_actions and mode != "direct" else None)
         results = list(iter_decode(mode, model, tok, [e["prompt_ids"] for e in examples], projector=projector,
-                                   latent_steps=latent_steps or 1, max_new_tokens=cfg.max_new_tokens,
+                                   latent_steps=latent_steps, max_new_tokens=cfg.max_new_tokens,
                                    max_frames=cfg.max_frames, batch_size=cfg.batch_size, progress=True,
                                    action_lines=lines))
         for ex, res in zip(examples, results):
@@ -92,6 +85,6 @@ def run(params: Params, cache_dir: Path, sft: Path, codi: Path, direct: Path, me
     write_predictions(rows, generated, predictions)
     write_plots(overall, per_source, plots)
     report = markdown_report(overall, per_source, cfg.splits)
-    (metrics_dir / "eval.md").write_text(report)
+    write_text(metrics_dir / "eval.md", report)
     print(report)
     return 0

@@ -1,44 +1,35 @@
 """Stage `extract`: trace every configured source inside the sandbox.
 
-    python -m codi extract [--out data/traces]
-    python -m codi trace --source mbpp --path mbpp.jsonl --out /tmp/mbpp.parquet   # one file, same code
+    python -m codi extract                     # data/traces/<source>.parquet, data/traces/stats.json
+    python -m codi trace --source mbpp --path some/mbpp.jsonl --out /tmp/mbpp.parquet   # one file, same code
 
-Writes `data/traces/<source>.parquet` (one row per sample, failed ones included, with a status and
-a reason) and `data/traces/stats.json` (counts by source and status; DVC metrics). A hostile or broken
-program is a status row, never a dead stage.
+A hostile or broken program is a status row, never a dead stage. Dataset files live under data/raw/ (a DVC
+dependency of this stage), so an edit to one reruns extract and what it feeds.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from codi.config import Params
+from codi.config import ConfigError, ExtractConfig, Params
+from codi.files import write_json
 from codi.sources.base import Sample
 from codi.sources.registry import load_samples
+from codi.traces import write_traces
 from codi.tracing.format import render_trace
 from codi.tracing.sandbox import TraceResult, TracerPool
 
-FRAME_TYPE = pa.struct([("kind", pa.string()), ("source_line", pa.string()),
-                        ("locals", pa.string()), ("value", pa.string())])
-SCHEMA = pa.schema([
-    ("sample_id", pa.string()), ("source", pa.string()), ("problem_id", pa.string()),
-    ("program", pa.string()), ("call", pa.string()), ("setup", pa.string()),
-    ("frames", pa.list_(FRAME_TYPE)), ("trace_text", pa.string()), ("return_repr", pa.string()),
-    ("expected", pa.string()), ("match", pa.bool_()), ("status", pa.string()), ("reason", pa.string()),
-    ("n_frames", pa.int32()), ("output", pa.string()),
-])
-# No wall times in the rows: they differ from run to run, and DVC hashes data/traces; the same
-# sources and params give byte-identical files. The slowest samples are named on stdout instead.
+RAW_DIR = Path("data/raw")    # the stage's DVC dependency for dataset files (relative to the repo root)
+FILE_SOURCES = ("mbpp", "pyx", "cruxeval")
 
 
-def result_row(sample: Sample, result: TraceResult) -> dict:
+def trace_row(sample: Sample, result: TraceResult) -> dict[str, Any]:
+    """One row of a traces file (codi.traces.TRACE_SCHEMA)."""
     return {
         "sample_id": sample.sample_id, "source": sample.source, "problem_id": sample.problem_id,
         "program": sample.program, "call": sample.call, "setup": sample.setup,
@@ -50,11 +41,14 @@ def result_row(sample: Sample, result: TraceResult) -> dict:
     }
 
 
-def write_rows(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp, compression="zstd")
-    tmp.replace(path)  # a kill mid-write never leaves a complete-looking file
+def check_tracked_paths(cfg: ExtractConfig, raw_dir: Path = RAW_DIR) -> None:
+    """Every local dataset file the stage reads must lie under `raw_dir`, which DVC tracks as a dependency."""
+    for source in cfg.sources:
+        path = getattr(cfg.paths, source) if source in FILE_SOURCES else ""
+        if path and not path.startswith("hf:") and not Path(path).resolve().is_relative_to(raw_dir.resolve()):
+            raise ConfigError(f"extract.paths.{source} = {path!r}: outside {raw_dir}/, so DVC would not rerun extract "
+                              f"when it changes; put the file under {raw_dir}/ (copy it there, or `dvc add` it) and "
+                              "point the key at it")
 
 
 def source_stats(rows: list[dict], skipped: int) -> dict:
@@ -75,50 +69,42 @@ def trace_samples(pool: TracerPool, samples: list[Sample], desc: str) -> tuple[l
     """(rows, [(wall seconds, sample id)] of each sample)."""
     rows, times = [], []
     for s, r in zip(samples, tqdm(pool.trace(samples), total=len(samples), desc=desc, unit="sample", leave=False)):
-        rows.append(result_row(s, r))
+        rows.append(trace_row(s, r))
         times.append((r.time_s, s.sample_id))
     return rows, times
 
 
-def slowest_line(times: list[tuple[float, str]], k: int = 3) -> str:
-    top = sorted(times, reverse=True)[:k]
-    return "  slowest: " + ", ".join(f"{sid} {t:.2f}s" for t, sid in top) if top else ""
-
-
-def summary_line(source: str, st: dict, seconds: float) -> str:
+def summary_line(source: str, st: dict, seconds: float, times: list[tuple[float, str]]) -> str:
     parts = ", ".join(f"{k} {v}" for k, v in st["status"].items())
     match = (f"; expected {st['with_expected']}: match {st['match']}, mismatch {st['mismatch']}"
              if st["with_expected"] else "")
     skip = f"; {st['skipped_records']} records gave no sample" if st["skipped_records"] else ""
-    return f"extract {source}: {st['samples']} samples ({parts}){match}{skip}; {seconds:.1f}s"
+    slowest = ", ".join(f"{sid} {t:.2f}s" for t, sid in sorted(times, reverse=True)[:3])
+    return (f"extract {source}: {st['samples']} samples ({parts}){match}{skip}; {seconds:.1f}s"
+            + (f"\n  slowest: {slowest}" if slowest else ""))
 
 
-def run(params: Params, out_dir: Path, metrics: Path = Path("metrics/extract.json")) -> int:
+def run(params: Params, out: Path, metrics: Path) -> int:
     cfg = params.extract
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stats: dict = {}
+    check_tracked_paths(cfg)
     # Load every source first: a malformed dataset fails before minutes of tracing.
     loads = {source: load_samples(source, cfg) for source in cfg.sources}
+    stats: dict = {}
     with TracerPool(cfg.trace, cfg.sandbox, cfg.workers) as pool:
         print(f"extract: sandbox isolation: {pool.isolation}")
         for source, load in loads.items():
             t0 = time.time()
             rows, times = trace_samples(pool, load.samples, source)
-            write_rows(rows, out_dir / f"{source}.parquet")
+            write_traces(rows, out / f"{source}.parquet")
             stats[source] = source_stats(rows, len(load.skipped))
-            print(summary_line(source, stats[source], time.time() - t0))
-            print(slowest_line(times))
-    total = Counter()
+            print(summary_line(source, stats[source], time.time() - t0, times))
+    total: Counter = Counter()
     for st in stats.values():
         total.update({"samples": st["samples"], **st["status"]})
     stats["total"] = dict(total)
-    # The same counts twice: beside the traces for people and tools, and as DVC metrics (DVC does
-    # not allow a metrics file inside the tracked data/traces folder).
-    for path in (out_dir / "stats.json", metrics):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(stats, indent=2) + "\n")
-        tmp.replace(path)
+    # The same counts beside the traces and as DVC metrics (DVC allows no metrics file inside a tracked out).
+    write_json(out / "stats.json", stats)
+    write_json(metrics, stats)
     return 0
 
 
@@ -129,10 +115,8 @@ def trace_file(params: Params, source: str, path: str | None, out: Path) -> int:
     t0 = time.time()
     with TracerPool(cfg.trace, cfg.sandbox, cfg.workers) as pool:
         rows, times = trace_samples(pool, load.samples, source)
-    write_rows(rows, out)
-    st = source_stats(rows, len(load.skipped))
-    print(summary_line(source, st, time.time() - t0) + f" -> {out}")
-    print(slowest_line(times))
-    for where, why in [(s.where, s.why) for s in load.skipped][:20]:
-        print(f"  no sample from {where}: {why}")
+    write_traces(rows, out)
+    print(summary_line(source, source_stats(rows, len(load.skipped)), time.time() - t0, times) + f"\n  -> {out}")
+    for skipped in load.skipped[:20]:
+        print(f"  no sample from {skipped.where}: {skipped.why}")
     return 0

@@ -1,38 +1,30 @@
 """Stage `precompute`: traces -> tokenizer + base model + split caches with exact locals spans.
 
-    python -m codi precompute [--traces data/traces] [--cache data/cache] [--base-out models/base]
-                              [--metrics metrics/precompute.json]
+    python -m codi precompute     # data/cache/{train,val,test,holdout}.arrow + manifest.json, models/base/
 
-Reads every `data/traces/<source>.parquet`, keeps `ok` traces, splits by problem (stable hash),
-builds the base model (`model.base`: tiny from scratch with a BPE trained on the train split, or a
-hub/local model with the trace tokens added), tokenizes in batches, locates and verifies every LINE
-frame's locals span, applies the `max_frames` / `max_seq_len` filters, and writes
-`data/cache/{train,val,test,holdout}.arrow`, `data/cache/manifest.json` (what the training stages
-check: format version, tokenizer and split digests, the params that made it) and `models/base/`, plus
-the counts of the manifest as DVC metrics (`metrics/precompute.json`, kept in git).
+Keeps `ok` traces, splits by problem (stable hash), builds the base model (`model.base`), tokenizes,
+locates and checks every LINE frame's locals span, and writes the counts as DVC metrics.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from codi.answers import render_direct
 from codi.base_model import build_base, check_model_source, save_base, tokenizer_sha256
 from codi.config import ConfigError, Params, to_dict
 from codi.data import CACHE_FORMAT_VERSION, SPLITS, split_of, write_split
+from codi.files import atomic_dir, write_json
 from codi.spans import encode_examples
 from codi.tokens import token_ids
+from codi.traces import TracesFileError, read_traces
 from codi.tracing.format import entry_exit, locals_offsets, parse_trace, render_prompt
 
-TRACE_COLUMNS = ["sample_id", "source", "problem_id", "program", "call", "trace_text", "return_repr",
-                 "status", "n_frames"]
+TRACE_COLUMNS = ("sample_id", "source", "problem_id", "program", "call", "trace_text", "status", "n_frames")
 
 
 def load_ok_traces(traces_dir: Path, pc_cfg, dropped: dict[str, Counter]) -> list[dict]:
@@ -42,11 +34,11 @@ def load_ok_traces(traces_dir: Path, pc_cfg, dropped: dict[str, Counter]) -> lis
         raise ConfigError(f"{traces_dir}: no <source>.parquet files (run the extract stage first)")
     rows = []
     for f in files:
-        table = pq.read_table(f)
-        missing = [c for c in TRACE_COLUMNS if c not in table.column_names]
-        if missing:
-            raise ConfigError(f"{f}: not a traces file of this version: missing column {missing[0]!r}")
-        for r in table.select(TRACE_COLUMNS).to_pylist():
+        try:
+            table = read_traces(f, TRACE_COLUMNS)
+        except TracesFileError as e:
+            raise ConfigError(str(e)) from None
+        for r in table:
             src = r["source"]
             if r["status"] != "ok":
                 dropped[src][f"status:{r['status']}"] += 1
@@ -69,8 +61,8 @@ def load_ok_traces(traces_dir: Path, pc_cfg, dropped: dict[str, Counter]) -> lis
     return rows
 
 
-def run(params: Params, traces_dir: Path, cache_dir: Path, base_out: Path,
-        metrics: Path = Path("metrics/precompute.json")) -> int:
+def run(params: Params, traces: Path, cache: Path, base_out: Path, metrics: Path) -> int:
+    traces_dir, cache_dir = traces, cache
     t0 = time.time()
     pc_cfg, model_cfg = params.precompute, params.model
     check_model_source(model_cfg)  # before any work: bad path / offline hub id
@@ -125,20 +117,13 @@ def run(params: Params, traces_dir: Path, cache_dir: Path, base_out: Path,
             "by_source": dict(sorted(Counter(r["source"] for r in split_rows).items())),
             "sha256": sha,
         }
-    (cache_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_json(cache_dir / "manifest.json", manifest)
     # The counts as DVC metrics: what `dvc exp show` should compare (no digests, no copy of params.yaml).
     summary = {"vocab_size": manifest["vocab_size"], "dropped": manifest["dropped"], "tokens": manifest["tokens"],
                "splits": {s: {k: v for k, v in d.items() if k != "sha256"} for s, d in manifest["splits"].items()}}
-    metrics.parent.mkdir(parents=True, exist_ok=True)
-    metrics.write_text(json.dumps(summary, indent=2) + "\n")
-
-    if base_out.exists():
-        shutil.rmtree(base_out)
-    tmp = base_out.with_name(base_out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    save_base(model, tok, tmp)
-    tmp.replace(base_out)  # a kill mid-save leaves only the .tmp folder, never a complete-looking base
+    write_json(metrics, summary)
+    with atomic_dir(base_out) as tmp:
+        save_base(model, tok, tmp)
 
     print_summary(manifest, time.time() - t0)
     return 0

@@ -101,12 +101,20 @@ def test_training_stages_write_models_metrics_plots(ws):
         assert m["train_loss"] is not None
         assert (ws / f"models/{stage}/model.safetensors").is_file()
         assert (ws / f"plots/{stage}/loss.png").stat().st_size > 1000
-        assert (ws / f"plots/{stage}/loss.tsv").read_text().startswith("step\tloss\teval_loss")
+        live = json.loads((ws / f"dvclive/{stage}/metrics.json").read_text())  # DVC metrics and plots, live
+        assert live["step"] == m["steps"] and math.isfinite(live["train"]["loss"]) and "loss" in live["eval"]
+        assert set(live["summary"]) >= {"runtime", "loss"}
+        tsv = (ws / f"dvclive/{stage}/plots/metrics/train/loss.tsv").read_text().splitlines()
+        assert tsv[0] == "step\tloss"
+        assert [int(line.split("\t")[0]) for line in tsv[1:]] == [1, *range(2, m["steps"] + 1, 2)]  # optimizer steps
     codi = json.loads((ws / "metrics/codi.json").read_text())
     assert codi["steps"] == 4 and codi["student_loss_first"] is not None
     assert 0.0 <= codi["val_latent_accuracy"] <= 1.0
-    header = (ws / "plots/codi/loss.tsv").read_text().splitlines()[0].split("\t")
-    assert header[:5] == ["step", "loss", "teacher_loss", "student_loss", "kd_loss"]
+    plotted = {p.relative_to(ws / "dvclive/codi/plots/metrics").as_posix()
+               for p in (ws / "dvclive/codi/plots/metrics").rglob("*.tsv")}
+    assert plotted >= {"train/loss.tsv", "train/teacher_loss.tsv", "train/student_loss.tsv", "train/kd_loss.tsv",
+                       "eval/student_loss.tsv", "eval/latent_accuracy.tsv"}
+    assert not any(p.startswith("summary/") or p.endswith("epoch.tsv") for p in plotted)
 
 
 def test_codi_model_loads_with_one_call(ws):

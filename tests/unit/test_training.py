@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from codi.batching import IGNORE_INDEX, CausalLMCollator
-from codi.training import CheckpointDir, atomic_dir, checkpoint_problem, setup_wandb, finish_wandb
+from codi.files import atomic_dir
+from codi.training.checkpoints import CheckpointDir, checkpoint_problem
+from codi.training.tracking import finish_wandb, setup_wandb
 from tests.tiny import shipped
 def examples():
     return [{"prompt_ids": [5, 6, 7], "trace_ids": [8, 9, 2], "answer_ids": [4, 2]},
@@ -145,13 +147,19 @@ def test_wandb_disabled_reports_nowhere(monkeypatch):
 
 
 def test_the_refusal_names_what_changed_in_words(tmp_path, capsys):
-    fp = {"cache": "a" * 64, "params": {"lr": 0.001, "seed": 0}, "weights": [1.0, 1.0, 1.0]}
+    fp = {"cache": "a" * 64, "params": {"lr": 0.001, "seed": 0}, "weights": [1.0, 1.0, 1.0],
+          "code": {"codi/batching.py": "c" * 64, "codi/data.py": "d" * 64},
+          "start_model": {"config": "e" * 64, "weights": "f" * 64}}
     CheckpointDir(tmp_path / "ck", fp).prepare()
     fake_checkpoint(tmp_path / "ck", 10)
-    new = {"cache": "b" * 64, "params": {"lr": 0.002, "seed": 0}, "weights": [1.0, 1.0, 2.0]}
+    new = {"cache": "b" * 64, "params": {"lr": 0.002, "seed": 0}, "weights": [1.0, 1.0, 2.0],
+           "code": {"codi/batching.py": "0" * 64, "codi/data.py": "d" * 64, "codi/files.py": "1" * 64},
+           "start_model": {"config": "e" * 64, "weights": "2" * 64}}
     assert CheckpointDir(tmp_path / "ck", new).prepare() is None
     out = capsys.readouterr().out
-    assert "the cache (data/cache/manifest.json) changed;" in out
-    assert "the stage's params section changed (lr: 0.001 -> 0.002)" in out
+    assert "the cache (its manifest) changed;" in out
+    assert "the code the stage imports changed (codi/batching.py modified, codi/files.py added)" in out
+    assert "the starting model changed (weights)" in out
+    assert "the stage's params changed (lr: 0.001 -> 0.002)" in out
     assert "the loss weights alpha, beta, gamma changed ([1.0, 1.0, 1.0] -> [1.0, 1.0, 2.0])" in out
     assert "a different" not in out

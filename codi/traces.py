@@ -1,0 +1,50 @@
+"""The traces files `data/traces/<source>.parquet`: one row per sample, failed ones included, with a status.
+
+    write_traces(rows, "data/traces/mbpp.parquet")        # rows: dicts with TRACE_SCHEMA's fields
+    rows = read_traces("data/traces/mbpp.parquet", ["sample_id", "trace_text", "status"])
+
+No wall times in the rows: DVC hashes data/traces, and the same sources and params give byte-identical files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from codi.files import atomic_path
+
+FRAME_TYPE = pa.struct([("kind", pa.string()), ("source_line", pa.string()),
+                        ("locals", pa.string()), ("value", pa.string())])
+TRACE_SCHEMA = pa.schema([
+    ("sample_id", pa.string()), ("source", pa.string()), ("problem_id", pa.string()),
+    ("program", pa.string()), ("call", pa.string()), ("setup", pa.string()),
+    ("frames", pa.list_(FRAME_TYPE)), ("trace_text", pa.string()), ("return_repr", pa.string()),
+    ("expected", pa.string()), ("match", pa.bool_()), ("status", pa.string()), ("reason", pa.string()),
+    ("n_frames", pa.int32()), ("output", pa.string()),
+])
+
+
+class TracesFileError(ValueError):
+    """A traces file that this version cannot read; the message names the file."""
+
+
+def write_traces(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(list(rows), schema=TRACE_SCHEMA), tmp, compression="zstd")
+
+
+def read_traces(path: str | Path, columns: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of a traces file, only `columns` (each must be one of TRACE_SCHEMA's)."""
+    unknown = [c for c in columns if c not in TRACE_SCHEMA.names]
+    if unknown:
+        raise ValueError(f"read_traces: {unknown[0]!r} is not a traces column ({TRACE_SCHEMA.names})")
+    table = pq.read_table(path)
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise TracesFileError(f"{path}: not a traces file of this version: missing column {missing[0]!r} "
+                              "(rerun the extract stage)")
+    return table.select(list(columns)).to_pylist()

@@ -1,0 +1,160 @@
+"""Resumable checkpoints of one training run, identified by a fingerprint of everything that decides its result.
+
+    fingerprint = run_fingerprint("sft", "codi.stages.sft", to_dict(cfg), cache_manifest, {"start_model": base})
+    resume = CheckpointDir("checkpoints/sft", fingerprint).prepare()   # last *complete* checkpoint, or None
+
+A rerun with the same fingerprint (after a kill) resumes; any change (params, cache, a starting model, the
+code the stage imports, the torch/transformers versions) refuses to resume, says what changed, and starts
+from step 0: a checkpoint is never continued under other data, model, hyperparameters or code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codi.files import file_sha256, write_json
+from codi.provenance import code_digest, stage_code_files
+
+CHECKPOINT_PREFIX = "checkpoint-"
+RUN_FILE = "run.json"
+WHAT = {"stage": "the stage", "params": "the stage's params", "weights": "the loss weights alpha, beta, gamma",
+        "cache": "the cache (its manifest)", "code": "the code the stage imports", "libraries": "the libraries",
+        "start_model": "the starting model", "frozen_teacher": "the frozen teacher"}
+
+
+def model_fingerprint(model_dir: Path) -> dict[str, str]:
+    """Config (shape) and weights digests of a HF model folder."""
+    weights = hashlib.sha256()
+    for p in sorted(p for p in Path(model_dir).iterdir() if p.suffix in (".safetensors", ".bin")):
+        weights.update(f"{p.name}\0{file_sha256(p)}\0".encode())
+    return {"config": file_sha256(Path(model_dir) / "config.json"), "weights": weights.hexdigest()}
+
+
+def run_fingerprint(stage: str, stage_module: str, params: dict[str, Any], cache_manifest: Path,
+                    models: dict[str, Path | None], **more: Any) -> dict[str, Any]:
+    """What determines a training stage's result: its params, the cache, its starting models, its code."""
+    import torch
+    import transformers
+
+    return {
+        "stage": stage, "params": params, **more,
+        "cache": file_sha256(cache_manifest),
+        **{role: model_fingerprint(path) if path else None for role, path in models.items()},
+        "code": code_digest(stage_code_files(stage_module)),
+        "libraries": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+
+
+def describe_change(key: str, old: Any, new: Any) -> str:
+    """One fingerprint difference in words: files and params by name, digests only named."""
+    what = WHAT.get(key, key)
+    if key == "code" and isinstance(old, dict) and isinstance(new, dict):
+        files = [f"{f} {'added' if f not in old else 'removed' if f not in new else 'modified'}"
+                 for f in sorted(set(old) | set(new)) if old.get(f) != new.get(f)]
+        return f"{what} changed ({', '.join(files)})"
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        shown = [k if _is_digest(old.get(k)) or _is_digest(new.get(k)) else f"{k}: {old.get(k)!r} -> {new.get(k)!r}"
+                 for k in keys]
+        return f"{what} changed ({', '.join(shown)})"
+    if _is_digest(old) or _is_digest(new):
+        return f"{what} changed"
+    return f"{what} changed ({old!r} -> {new!r})"
+
+
+def _is_digest(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+@dataclass
+class CheckpointDir:
+    """`root/run.json` + `root/checkpoint-N/`: resume the same run, never a different one."""
+
+    root: Path
+    fingerprint: dict[str, Any]
+
+    def prepare(self) -> str | None:
+        """Path of the checkpoint to resume from, or None for a fresh start (the folder reset)."""
+        self.root = Path(self.root)
+        run_file = self.root / RUN_FILE
+        old = None
+        if run_file.is_file():
+            try:
+                old = json.loads(run_file.read_text())
+            except ValueError:
+                print(f"warning: {run_file} is unreadable: starting from step 0")
+        if old is not None and old != self.fingerprint:
+            changed = sorted(k for k in set(old) | set(self.fingerprint) if old.get(k) != self.fingerprint.get(k))
+            reasons = "; ".join(describe_change(k, old.get(k), self.fingerprint.get(k)) for k in changed)
+            print(f"refusing to resume from {self.root}: {reasons}; starting from step 0")
+            old = None
+        if old is None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root.mkdir(parents=True)
+            write_json(run_file, self.fingerprint, sort_keys=True)
+            return None
+        for ckpt in sorted(self.checkpoints(), key=checkpoint_step, reverse=True):
+            problem = checkpoint_problem(ckpt)
+            if problem is None:
+                print(f"resuming from {ckpt}")
+                return str(ckpt)
+            print(f"warning: skipping incomplete checkpoint {ckpt}: {problem}")
+        return None
+
+    def checkpoints(self) -> list[Path]:
+        return [p for p in Path(self.root).glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and checkpoint_step(p) >= 0]
+
+
+def checkpoint_step(p: str | Path) -> int:
+    """The step of a `checkpoint-N` folder; -1 for any other name."""
+    try:
+        return int(Path(p).name[len(CHECKPOINT_PREFIX):])
+    except ValueError:
+        return -1
+
+
+def checkpoint_problem(ckpt: Path, extra_files: tuple[str, ...] = ()) -> str | None:
+    """Why `ckpt` cannot be resumed from (None if it can): missing or truncated files.
+
+    HF's get_last_checkpoint takes the highest number without looking; a kill during a save leaves a folder
+    that makes the resume crash. torch.save files are zip archives; safetensors files carry their header length."""
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return "trainer_state.json missing or unreadable"
+    if state.get("global_step") != checkpoint_step(ckpt):
+        return f"trainer_state.json says step {state.get('global_step')}"
+    for name in ("config.json", *extra_files):
+        if not (ckpt / name).is_file():
+            return f"{name} missing"
+    weights = list(ckpt.glob("*.safetensors"))
+    if not weights:
+        return "no model weights"
+    for w in weights:
+        if not _safetensors_complete(w):
+            return f"{w.name} truncated"
+    for name in ("optimizer.pt", "scheduler.pt"):
+        if not ((ckpt / name).exists() and zipfile.is_zipfile(ckpt / name)):
+            return f"{name} missing or truncated"
+    rng = list(ckpt.glob("rng_state*.pth"))
+    if not rng or not all(zipfile.is_zipfile(r) for r in rng):
+        return "RNG state missing or truncated"
+    return None
+
+
+def _safetensors_complete(path: Path) -> bool:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return size >= 8 + n + end
+    except (OSError, ValueError, KeyError, TypeError):
+        return False

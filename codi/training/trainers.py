@@ -1,0 +1,175 @@
+"""The HF Trainers of the training stages: length-grouped batches, and CodiTrainer for the codi stage.
+
+    LengthGroupedTrainer(model=..., args=..., train_dataset=CacheDataset(...), group_by_length=True, ...)
+    CodiTrainer(model=CodiModel(...), args=..., data_collator=collate_examples, codi_cfg=params.codi,
+                val_answers=[...], ...)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer
+from transformers.trainer_pt_utils import LengthGroupedSampler
+
+from codi.answers import answers_match
+from codi.config import CodiConfig
+from codi.decoding import iter_decode
+from codi.modeling import save_codi_model, ss_ramp
+from codi.modeling.io import PROJECTOR_FILE
+from codi.training.tracking import experiment_name
+
+SUB_LOSSES = ("teacher_loss", "student_loss", "kd_loss")
+
+
+class LengthGroupedTrainer(Trainer):
+    """A Trainer whose train sampler groups examples of similar length (prompt + trace tokens).
+
+    The cache knows every example's length without touching its token buffers (`CacheDataset.lengths`); HF's
+    own group_by_length only knows `datasets.Dataset` columns or items with `input_ids`."""
+
+    def __init__(self, *args: Any, group_by_length: bool, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.group_by_length = group_by_length
+
+    def _get_train_sampler(self, train_dataset=None):
+        ds = train_dataset if train_dataset is not None else self.train_dataset
+        if not self.group_by_length or not hasattr(ds, "lengths"):
+            return super()._get_train_sampler(train_dataset)
+        return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                                    lengths=ds.lengths)
+
+
+def collate_examples(batch: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The codi contract: CodiModel takes the example dicts themselves."""
+    return {"examples": [{"prompt_ids": ex["prompt_ids"], "trace_ids": ex["trace_ids"], "spans": ex["spans"]}
+                         for ex in batch]}
+
+
+def ss_rng(seed: int, step: int, micro: int, rank: int) -> random.Random:
+    """Scheduled-sampling draws as a pure function of (seed, step, micro-batch, rank): a resumed run draws
+    what the uninterrupted one would have (string seeds hash with sha512: stable across processes)."""
+    return random.Random(f"codi-ss/{seed}/{step}/{micro}/{rank}")
+
+
+def load_codi_weights(model, ckpt: str | Path) -> None:
+    """Load the base weights and the projector that save_codi_model wrote into an existing CodiModel."""
+    from safetensors.torch import load_file
+
+    ckpt = Path(ckpt)
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(ckpt.glob("model*.safetensors")):
+        state.update(load_file(str(f)))
+    result = model.model.load_state_dict(state, strict=False)
+    tied = ({k for k in result.missing_keys if k.endswith("lm_head.weight")}
+            if model.model.config.tie_word_embeddings else set())
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        raise ValueError(f"{ckpt}: weights do not match the model (missing {sorted(set(result.missing_keys) - tied)[:3]}, "
+                         f"unexpected {result.unexpected_keys[:3]})")
+    model.model.tie_weights()
+    model.projector.load_state_dict(load_file(str(ckpt / PROJECTOR_FILE)))
+
+
+class CodiTrainer(LengthGroupedTrainer):
+    """Trainer for CodiModel: overrides only the loss, logging, evaluation and (de)serialisation.
+
+    - loss: the model's L = alpha*Lt + beta*Ls + gamma*Lkd, with the scheduled-sampling probability a pure
+      function of the step (`ss_ramp`) and its draws from `ss_rng`;
+    - logging: the sub-losses averaged over each logging window, and the current ss probability;
+    - evaluation: the losses on the val split (sharded over ranks) and the latent decoder's output accuracy
+      on the first `codi.val_accuracy_samples` val examples;
+    - checkpoints hold base + projector (loadable with `load_codi_model`) + optimizer, scheduler, RNG."""
+
+    def __init__(self, *args: Any, codi_cfg: CodiConfig, val_answers: list[str], **kwargs: Any):
+        super().__init__(*args, group_by_length=codi_cfg.group_by_length, **kwargs)
+        self.codi_cfg = codi_cfg
+        self.val_answers = val_answers
+        self._window: dict[str, list[float]] = defaultdict(list)
+        self._micro = (-1, 0)  # (step, micro-batch index within it)
+
+    def ss_prob(self) -> float:
+        c = self.codi_cfg
+        return ss_ramp(self.state.global_step, self.state.max_steps, c.ss_prob, c.ss_ramp_frac)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        step = self.state.global_step
+        micro = self._micro[1] + 1 if self._micro[0] == step else 0
+        self._micro = (step, micro)
+        p = self.ss_prob() if model.training else 0.0
+        rng = ss_rng(self.codi_cfg.seed, step, micro, self.args.process_index) if p > 0 else None
+        out = model(inputs["examples"], ss_prob=p, ss_rng=rng)
+        if model.training:
+            for k in SUB_LOSSES:
+                self._window[k].append(out[k].item())
+        return (out["loss"], out) if return_outputs else out["loss"]
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._window:  # a training log: the window's sub-losses
+            for k, v in self._window.items():
+                logs[k] = round(sum(v) / len(v), 6)
+            logs["ss_prob"] = round(self.ss_prob(), 6)
+            self._window.clear()
+        super().log(logs, start_time)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        ds = eval_dataset if eval_dataset is not None else self.eval_dataset
+        core = self.accelerator.unwrap_model(self.model)
+        was_training = core.training
+        core.eval()
+        metrics = self._val_losses(core, ds, metric_key_prefix)
+        k_acc = min(self.codi_cfg.val_accuracy_samples, len(ds))
+        if k_acc:
+            metrics[f"{metric_key_prefix}_latent_accuracy"] = self._val_latent_accuracy(core, ds, k_acc)
+        if was_training:
+            core.train()
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def _val_losses(self, core, ds, prefix: str) -> dict[str, float]:
+        world, rank = self.args.world_size, self.args.process_index
+        sums = torch.zeros(len(SUB_LOSSES) + 2, dtype=torch.float64)  # loss, sub-losses..., count
+        bs = self.args.per_device_eval_batch_size
+        mine = list(range(rank, len(ds), world))  # each rank a shard; the sums are all-reduced
+        with torch.no_grad():
+            for s in range(0, len(mine), bs):
+                batch = [ds[k] for k in mine[s:s + bs]]
+                out = core(collate_examples(batch)["examples"])
+                vals = [out["loss"].item(), *(out[k].item() for k in SUB_LOSSES)]
+                sums[:-1] += torch.tensor(vals, dtype=torch.float64) * len(batch)
+                sums[-1] += len(batch)
+        if world > 1:
+            torch.distributed.all_reduce(sums)
+        n = max(sums[-1].item(), 1.0)
+        metrics = {f"{prefix}_loss": sums[0].item() / n}
+        metrics.update({f"{prefix}_{k}": v / n for k, v in zip(SUB_LOSSES, sums[1:-1].tolist())})
+        return metrics
+
+    def _val_latent_accuracy(self, core, ds, k: int) -> float:
+        exs = [ds[i] for i in range(k)]
+        frame_sep = core.token_ids.frame_sep
+        results = iter_decode(
+            "latent", core.model, self.processing_class, [e["prompt_ids"] for e in exs], projector=core.projector,
+            latent_steps=core.latent_steps, batch_size=self.args.per_device_eval_batch_size,
+            max_new_tokens=max(len(e["trace_ids"]) for e in exs) + 64,
+            max_frames=max(e["trace_ids"].count(frame_sep) for e in exs) + 8)
+        return sum(answers_match(r.answer, truth) for r, truth in zip(results, self.val_answers)) / k
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        if not self.args.should_save:
+            return
+        output_dir = output_dir or self.args.output_dir
+        save_codi_model(self.accelerator.unwrap_model(self.model), self.processing_class, output_dir,
+                        extra={"step": self.state.global_step, "experiment": experiment_name()})
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        load_codi_weights(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint)
+
+    def _load_best_model(self) -> None:
+        load_codi_weights(self.accelerator.unwrap_model(self.model), self.state.best_model_checkpoint)
