@@ -52,6 +52,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from codi.answers import parse_direct
+from codi.modeling.latent import latent_input
+from codi.modeling.model import split_causal_lm
 from codi.tokens import ACTION_SEP, LINE_SEP, TraceTokenIds, token_ids
 from codi.tracing.format import Frame, TraceParseError, entry_exit, parse_frames_prefix
 
@@ -125,17 +127,6 @@ def program_action_lines(tokenizer, program: str) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]] if lines else []
 
 
-def _parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """(decoder body, lm head, input embeddings) of an HF causal LM (`.model`/`.lm_head` for Qwen2, Llama)."""
-    body = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
-    head = getattr(model, "lm_head", None)
-    if head is None and hasattr(model, "get_output_embeddings"):
-        head = model.get_output_embeddings()
-    if not isinstance(body, nn.Module) or not isinstance(head, nn.Module):
-        raise TypeError(f"{type(model).__name__}: expected an HF causal LM with a decoder body (.model) and .lm_head")
-    return body, head, model.get_input_embeddings()
-
-
 class _Decoder:
     """One batch: prefill, then one model call per step until every row stops."""
 
@@ -143,11 +134,10 @@ class _Decoder:
                  projector: Callable[[torch.Tensor], torch.Tensor] | None, latent_steps: int,
                  max_new_tokens: int, max_frames: int):
         self.mode, self.model, self.t = mode, model, ids
-        self.body, self.head, self.embed = _parts(model)
+        self.body, self.head, _ = split_causal_lm(model, "model")
+        self.embed = model.get_input_embeddings()
         self.vocab_size = vocab_size  # ids past the tokenizer's vocabulary (padded embeddings) are never chosen
         self.projector, self.latent_steps = projector, latent_steps
-        params = list(projector.parameters()) if isinstance(projector, nn.Module) else []
-        self.projector_dtype = params[0].dtype if params else None
         self.max_new_tokens, self.max_frames = max_new_tokens, max_frames
         self.block = [ids.latent_start] + [LATENT] * latent_steps + [ids.latent_end]
 
@@ -250,8 +240,7 @@ class _Decoder:
                 if self.projector is None:
                     raise ValueError("latent decoding needs a projector")
                 emb = emb.clone()
-                h = hidden[lat][:, None].to(self.projector_dtype or dtype)  # (L, 1, H)
-                emb[lat] = self.projector(h).to(dtype)
+                emb[lat] = latent_input(self.projector, hidden[lat][:, None]).to(dtype)  # (L, 1, H)
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             out = self.body(inputs_embeds=emb, attention_mask=mask, position_ids=next_pos[:, None],
                             cache=cache, use_cache=True)

@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
+from torch import nn
+
+from codi.modeling.latent import PaddedRows, latent_recurrence
 from codi.tokens import TraceTokenIds
 
 
@@ -197,3 +200,25 @@ def make_example(rng, n_line, vocab=96, prompt_len=(4, 10), locals_len=(1, 6), c
         trace += [ids.action_sep] + plain(code_len) + [ids.frame_sep]
     trace += [ids.return_sep, ids.action_sep] + plain(code_len) + [ids.arg_sep] + plain((1, 3)) + [ids.frame_sep, ids.eos]
     return {"prompt_ids": prompt, "trace_ids": trace, "spans": spans}
+
+
+def latent_block(rows: PaddedRows, projector: nn.Module, embed: nn.Module, latent_start: int, latent_end: int,
+                 steps: int, active: torch.Tensor, pad: int) -> torch.Tensor:
+    """A whole latent block on `rows` in lockstep: latent_start, `steps` latents, latent_end.
+
+    The decoder form of the training recurrence, for the consistency tests (codi.decoding feeds the same
+    `latent_input` one position at a time, because its rows advance independently).
+
+    Returns the post-norm hidden [B, H] at latent_end (apply lm_head for the next-token logits).
+    Inactive rows get padding slots; their returned hidden is meaningless."""
+    active = active.to(device=rows.device, dtype=torch.bool)
+    B = rows.batch_size
+
+    def token_block(tok: int) -> torch.Tensor:
+        ids = torch.where(active, torch.tensor(tok, device=rows.device), torch.tensor(pad, device=rows.device))
+        last, _ = rows.step(embed(ids.view(B, 1)), active[:, None])
+        return last[:, 0]
+
+    h = token_block(latent_start)
+    latent_recurrence(rows, projector, h, steps, active)
+    return token_block(latent_end)

@@ -14,12 +14,12 @@ latent primitives), losses, model (CodiModel), io (save/load).
 
 from codi.modeling.io import (CodiArtifactConfig, LoadedCodi, load_codi_model, read_codi_config,
                               save_codi_model)
-from codi.modeling.latent import PaddedRows, build_projector, latent_block, latent_recurrence
+from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence
 from codi.modeling.model import CodiModel, activation_checkpointing, split_causal_lm
 from codi.modeling.plan import ExamplePlan, check_example, draw_uniform, plan_example, ss_ramp
 
 __all__ = [
     "CodiArtifactConfig", "CodiModel", "ExamplePlan", "LoadedCodi", "PaddedRows", "activation_checkpointing",
-    "build_projector", "check_example", "draw_uniform", "latent_block", "latent_recurrence", "load_codi_model",
+    "build_projector", "check_example", "draw_uniform", "latent_input", "latent_recurrence", "load_codi_model",
     "plan_example", "read_codi_config", "save_codi_model", "split_causal_lm", "ss_ramp",
 ]

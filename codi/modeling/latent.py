@@ -26,7 +26,7 @@ fully masked (sdpa would return NaN there, and 0 * NaN poisons gradients even of
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -127,6 +127,14 @@ class PaddedRows:
         return out.last_hidden_state
 
 
+def latent_input(projector: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+    """The input embedding of the next latent: projector(post-norm hidden at the position before it), computed
+    in the projector's dtype and returned in the hidden's. Training and the latent decoder both call it."""
+    params = list(projector.parameters()) if isinstance(projector, nn.Module) else []
+    dtype = params[0].dtype if params else hidden.dtype
+    return projector(hidden.to(dtype)).to(hidden.dtype)
+
+
 def latent_recurrence(rows: PaddedRows, projector: nn.Module, h: torch.Tensor, steps: int,
                       active: torch.Tensor) -> torch.Tensor:
     """Run `steps` recurrent latents: each step feeds projector(h) and takes the new post-norm hidden.
@@ -135,26 +143,7 @@ def latent_recurrence(rows: PaddedRows, projector: nn.Module, h: torch.Tensor, s
     bool; inactive rows get a padding slot (zero input, masked) and keep their h. Returns h [B, H]."""
     active = active.to(device=rows.device, dtype=torch.bool)
     for _ in range(steps):
-        x = torch.where(active[:, None], projector(h), torch.zeros((), dtype=h.dtype, device=h.device))
+        x = torch.where(active[:, None], latent_input(projector, h), torch.zeros((), dtype=h.dtype, device=h.device))
         last, _ = rows.step(x[:, None], active[:, None])
         h = torch.where(active[:, None], last[:, 0], h)
     return h
-
-
-def latent_block(rows: PaddedRows, projector: nn.Module, embed: nn.Module, latent_start: int, latent_end: int,
-                 steps: int, active: torch.Tensor, pad: int) -> torch.Tensor:
-    """A whole latent block on `rows`: latent_start, `steps` latents, latent_end (decoder form).
-
-    Returns the post-norm hidden [B, H] at latent_end (apply lm_head for the next-token logits).
-    Inactive rows get padding slots; their returned hidden is meaningless."""
-    active = active.to(device=rows.device, dtype=torch.bool)
-    B = rows.batch_size
-
-    def token_block(tok: int) -> torch.Tensor:
-        ids = torch.where(active, torch.tensor(tok, device=rows.device), torch.tensor(pad, device=rows.device))
-        last, _ = rows.step(embed(ids.view(B, 1)), active[:, None])
-        return last[:, 0]
-
-    h = token_block(latent_start)
-    latent_recurrence(rows, projector, h, steps, active)
-    return token_block(latent_end)

@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from codi.config import CodiConfig
-from codi.modeling.latent import PaddedRows, build_projector, latent_recurrence
+from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence
 from codi.modeling.losses import (kd_hidden_per_example, kd_logit_per_example, per_example_mean, token_ce)
 from codi.modeling.plan import ExamplePlan, draw_uniform, plan_example
 from codi.tokens import TraceTokenIds
@@ -327,7 +327,7 @@ class CodiModel(nn.Module):
                     emb = self.embed(block_ids)  # [n, W, H]
                     if not fuse:
                         return emb
-                    latent = torch.where(act[:, None], self.projector(h), zero)  # idle rows: zero input
+                    latent = torch.where(act[:, None], latent_input(self.projector, h), zero)  # idle rows: zero input
                     return torch.cat([latent[:, None], emb[:, 1:]], dim=1)
 
                 if replace is not None:

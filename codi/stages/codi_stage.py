@@ -19,7 +19,7 @@ from codi.tokens import token_ids
 from codi.training.checkpoints import run_fingerprint
 from codi.training.loop import StagePaths, TrainingJob, train
 from codi.training.summary import codi_summary, save_loss_png
-from codi.training.trainers import SUB_LOSSES, CodiTrainer, collate_examples
+from codi.training.codi_trainer import SUB_LOSSES, CodiTrainer, collate_examples
 from codi.training.tracking import experiment_name
 
 

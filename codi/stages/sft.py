@@ -17,7 +17,7 @@ from codi.launch import maybe_relaunch
 from codi.training.checkpoints import run_fingerprint
 from codi.training.loop import StagePaths, TrainingJob, train
 from codi.training.summary import save_loss_png, sft_summary, unigram_loss
-from codi.training.trainers import LengthGroupedTrainer
+from codi.training.grouped import LengthGroupedTrainer
 
 TARGET = {"sft": "trace", "sft_direct": "answer"}  # what the loss covers after the prompt
 

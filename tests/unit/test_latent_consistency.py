@@ -1,6 +1,7 @@
-"""Training and evaluation compute the same latent block: the latent decoder (codi.decoding), the
-training primitive (codi.modeling.latent_block) and the reference's per-example block (the oracle)
-give the same latent_end hidden state, hence the same prediction after the block."""
+"""Training and evaluation compute the same latent block: the latent decoder (codi.decoding, one position
+at a time), the training recurrence in lockstep (tests.codi_oracle.latent_block over codi.modeling's
+PaddedRows + latent_recurrence) and the reference's per-example block (the oracle) give the same latent_end
+hidden state, hence the same prediction after the block."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import torch
 from torch import nn
 
 from codi.decoding import decode
-from codi.modeling import CodiModel, PaddedRows, latent_block
+from codi.modeling import CodiModel, PaddedRows
 from codi.tokens import token_ids
 from tests.codi_oracle import _latent_block as oracle_block
+from tests.codi_oracle import latent_block
 from tests.unit.test_decoding import _encode, _model, _tokenizer
 
 

@@ -14,11 +14,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.codi_oracle` without a conftest
 
 import codi.modeling.losses as losses  # noqa: E402
-from codi.modeling import (CodiModel, PaddedRows, activation_checkpointing, latent_block, load_codi_model,  # noqa: E402
+from codi.modeling import (CodiModel, PaddedRows, activation_checkpointing, load_codi_model,  # noqa: E402
                            plan_example, read_codi_config, save_codi_model, ss_ramp)
 from codi.tokens import add_trace_tokens, token_ids  # noqa: E402
 from tests.tiny import shipped  # noqa: E402
-from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, oracle_latent_block, tiny_base  # noqa: E402
+from tests.codi_oracle import TOKEN_IDS, latent_block, make_example, oracle_forward, oracle_latent_block, tiny_base  # noqa: E402
 
 torch.set_num_threads(1)
 W = dict(teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0)

@@ -1,6 +1,5 @@
-"""The HF Trainers of the training stages: length-grouped batches, and CodiTrainer for the codi stage.
+"""CodiTrainer: the HF Trainer of the codi stage, and the pieces it shares with tests (collation, ss draws).
 
-    LengthGroupedTrainer(model=..., args=..., train_dataset=CacheDataset(...), group_by_length=True, ...)
     CodiTrainer(model=CodiModel(...), args=..., data_collator=collate_examples, codi_cfg=params.codi,
                 val_answers=[...], ...)
 """
@@ -14,35 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer
-from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from codi.answers import answers_match
 from codi.config import CodiConfig
 from codi.decoding import iter_decode
 from codi.modeling import save_codi_model, ss_ramp
 from codi.modeling.io import PROJECTOR_FILE
+from codi.training.grouped import LengthGroupedTrainer
 from codi.training.tracking import experiment_name
 
 SUB_LOSSES = ("teacher_loss", "student_loss", "kd_loss")
-
-
-class LengthGroupedTrainer(Trainer):
-    """A Trainer whose train sampler groups examples of similar length (prompt + trace tokens).
-
-    The cache knows every example's length without touching its token buffers (`CacheDataset.lengths`); HF's
-    own group_by_length only knows `datasets.Dataset` columns or items with `input_ids`."""
-
-    def __init__(self, *args: Any, group_by_length: bool, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.group_by_length = group_by_length
-
-    def _get_train_sampler(self, train_dataset=None):
-        ds = train_dataset if train_dataset is not None else self.train_dataset
-        if not self.group_by_length or not hasattr(ds, "lengths"):
-            return super()._get_train_sampler(train_dataset)
-        return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
-                                    lengths=ds.lengths)
 
 
 def collate_examples(batch: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
