@@ -159,6 +159,32 @@ def test_changed_data_refuses_to_resume(ws, capsys, tmp_path):
     assert "resuming from" not in out
 
 
+def test_an_edit_to_the_code_the_stage_imports_retrains_from_step_0(ws, tmp_path):
+    """The fingerprint holds the digest of the stage's import closure: after an edit to codi/batching.py
+    (which DVC reruns sft for), the finished checkpoint is not resumed; training starts again at step 0."""
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("traces_again"))
+    shutil.copytree(ROOT / "codi", other / "codi", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def sft() -> str:  # `python -m codi` in `other` imports the package copy there (cwd comes first)
+        proc = subprocess.run([sys.executable, "-m", "codi", "sft"], cwd=other, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "WANDB_MODE": "disabled"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    assert "resuming from" in sft()  # the same code (a copy of it): the finished run is resumed, nothing retrains
+    loss_tsv = other / "dvclive/sft/plots/metrics/train/loss.tsv"
+    loss_tsv.write_text("step\tloss\n")  # a resumed run would add no row; a fresh one logs every step again
+    (other / "codi/batching.py").write_text((other / "codi/batching.py").read_text() + "\n# an edit\n")
+    out = sft()
+    assert "refusing to resume" in out and "the code the stage imports changed (codi/batching.py modified)" in out
+    assert "resuming from" not in out
+    steps = [int(line.split("\t")[0]) for line in loss_tsv.read_text().splitlines()[1:]]
+    assert steps == [1, 2, 4, 6, 8]
+    run = json.loads((other / "checkpoints/sft/run.json").read_text())
+    assert run["code"]["codi/batching.py"] != json.loads((ws / "checkpoints/sft/run.json").read_text())["code"]["codi/batching.py"]
+
+
 @pytest.mark.parametrize("stage, dotted, value, expected", [
     ("codi", ("codi", "kd_layers"), [7], "codi.kd_layers = [7]: 7 is out of range"),
     ("codi", ("codi", "frozen_teacher"), "/nonexistent/teacher", "codi.frozen_teacher = '/nonexistent/teacher'"),

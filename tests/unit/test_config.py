@@ -127,10 +127,3 @@ def test_every_dvc_params_key_exists_and_loads(raw):
             for part in key.split("."):
                 assert part in node, f"dvc.yaml stage {name}: params key {key} is not in params.yaml"
                 node = node[part]
-
-
-def test_dvc_module_deps_exist():
-    for name, stage in _dvc_stages().items():
-        for dep in stage.get("deps", []):
-            if dep.startswith("codi/"):
-                assert (ROOT / dep).exists(), f"dvc.yaml stage {name}: dependency {dep} does not exist"
