@@ -185,6 +185,31 @@ def test_an_edit_to_the_code_the_stage_imports_retrains_from_step_0(ws, tmp_path
     assert run["code"]["codi/batching.py"] != json.loads((ws / "checkpoints/sft/run.json").read_text())["code"]["codi/batching.py"]
 
 
+def test_dvclive_metrics_are_on_disk_while_the_stage_runs(ws, tmp_path):
+    """`dvc exp show` / `dvc plots show` of a running stage read these files: they must grow during training."""
+    import time
+
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("traces_again", "checkpoints", "dvclive"))
+    write_params(other / "params.yaml", tiny_params(sft={"max_steps": 150, "logging_steps": 1, "eval_steps": 150,
+                                                         "save_steps": 150}))
+    proc = subprocess.Popen([sys.executable, "-m", "codi", "sft"], cwd=other, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    live, seen = other / "dvclive/sft/metrics.json", []
+    try:
+        while proc.poll() is None:
+            try:
+                seen.append(json.loads(live.read_text())["step"])
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+    assert proc.wait() == 0, proc.stderr.read()[-2000:]
+    assert seen and 1 <= seen[0] < 150, seen[:5]  # a step was on disk while the stage was still running
+    assert json.loads(live.read_text())["step"] == 150
+
+
 @pytest.mark.parametrize("stage, dotted, value, expected", [
     ("codi", ("codi", "kd_layers"), [7], "codi.kd_layers = [7]: 7 is out of range"),
     ("codi", ("codi", "frozen_teacher"), "/nonexistent/teacher", "codi.frozen_teacher = '/nonexistent/teacher'"),
