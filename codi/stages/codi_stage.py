@@ -10,14 +10,13 @@ import os
 from pathlib import Path
 
 from codi.config import ConfigError, Params, to_dict
-from codi.data import CacheDataset
 from codi.device import resolve_precision, set_threads
 from codi.files import write_json
 from codi.launch import maybe_relaunch
 from codi.modeling import CodiModel, save_codi_model
 from codi.tokens import token_ids
 from codi.training.checkpoints import run_fingerprint
-from codi.training.loop import StagePaths, TrainingJob, train
+from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import codi_summary, save_loss_png
 from codi.training.codi_trainer import SUB_LOSSES, CodiTrainer, collate_examples
 from codi.training.tracking import experiment_name
@@ -37,9 +36,7 @@ def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, me
     if teacher_path is not None and not (teacher_path / "config.json").is_file():
         raise ConfigError(f"codi.frozen_teacher = {cfg.frozen_teacher!r}: no model folder (config.json) there")
     set_threads(cfg.torch_threads)
-    train_ds, val_ds = CacheDataset(cache / "train.arrow"), CacheDataset(cache / "val.arrow")
-    if len(train_ds) == 0:
-        raise ConfigError(f"{cache / 'train.arrow'}: the train split is empty")
+    train_ds, val_ds = training_splits(cache)
 
     tok = AutoTokenizer.from_pretrained(sft)
     dtype = torch.bfloat16 if resolve_precision(cfg.precision)["bf16"] else torch.float32

@@ -10,12 +10,11 @@ from pathlib import Path
 
 from codi.batching import CausalLMCollator
 from codi.config import ConfigError, Params, to_dict
-from codi.data import CacheDataset
 from codi.device import set_threads
 from codi.files import write_json
 from codi.launch import maybe_relaunch
 from codi.training.checkpoints import run_fingerprint
-from codi.training.loop import StagePaths, TrainingJob, train
+from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import save_loss_png, sft_summary, unigram_loss
 from codi.training.grouped import LengthGroupedTrainer
 
@@ -33,9 +32,7 @@ def run(params: Params, stage: str, cache: Path, base: Path, out: Path, checkpoi
     if not (base / "config.json").is_file():
         raise ConfigError(f"{base}: no model here (run the precompute stage first)")
     set_threads(cfg.torch_threads)
-    train_ds, val_ds = CacheDataset(cache / "train.arrow"), CacheDataset(cache / "val.arrow")
-    if len(train_ds) == 0:
-        raise ConfigError(f"{cache / 'train.arrow'}: the train split is empty")
+    train_ds, val_ds = training_splits(cache)
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from codi.config import TrainConfig, WandbConfig
+from codi.config import ConfigError, TrainConfig, WandbConfig
+from codi.data import CacheDataset
 from codi.files import atomic_dir
 from codi.training.args import training_arguments
 from codi.training.checkpoints import CheckpointDir, checkpoint_step
@@ -79,6 +80,14 @@ class SessionStart(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.step, self.tokens = state.global_step, state.num_input_tokens_seen
+
+
+def training_splits(cache: Path) -> tuple[CacheDataset, CacheDataset]:
+    """The train and val splits of the cache; an empty train split is an error that names the file."""
+    train_ds, val_ds = CacheDataset(cache / "train.arrow"), CacheDataset(cache / "val.arrow")
+    if len(train_ds) == 0:
+        raise ConfigError(f"{cache / 'train.arrow'}: the train split is empty")
+    return train_ds, val_ds
 
 
 def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> TrainingRun:
