@@ -1,21 +1,32 @@
-"""The evaluation's reports, pure functions of the scored rows and their summaries: the DVC metrics
-shape, the per-example predictions table, the plots (CSV for `dvc plots`, PNG for people) and the
-markdown table.
+"""The evaluation's reports, pure functions of the scored rows and their summaries (codi.metrics.summarize).
 
     from codi.report import compact, markdown_report, write_plots, write_predictions
+    write_plots(overall, per_source, Path("plots/eval"))
+
+write_plots writes, for `dvc plots` (drawn by the templates in .dvc/plots/, named in dvc.yaml) and as PNGs:
+accuracy.csv (mode, accuracy, n: one row per mode, all examples), accuracy_by_source.csv (source, mode,
+accuracy, n) and accuracy_vs_positions.csv (mode, source, positions, accuracy, n; source "all" = all examples).
 """
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import pandas as pd
+
+from codi.files import atomic_path
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SUMMARY_KEYS = ("n", "output_accuracy", "trace_exact_match", "action_accuracy", "locals_accuracy",
                 "mean_positions", "mean_time_s")
+ALL = "all"  # the source name of the rows over all examples
+PALETTE = {"explicit": "#4c72b0", "latent": "#dd8452", "direct": "#55a868"}
+PLOT_FILES = ("accuracy.csv", "accuracy_by_source.csv", "accuracy_vs_positions.csv",
+              "accuracy.png", "accuracy_by_source.png", "accuracy_vs_positions.png")
 
 
 def _round(v: Any) -> Any:
@@ -37,94 +48,145 @@ def compact(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_predictions(rows: list[dict[str, Any]], generated: list[str], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist([{**r, "generated": g} for r, g in zip(rows, generated)])
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(path)
+    """One row per example per mode: the scored row and the generated text."""
+    with atomic_path(path) as tmp:
+        pd.DataFrame(rows).assign(generated=generated).to_parquet(tmp, compression="zstd", index=False)
+
+
+def summary_table(overall: dict[str, Any], per_source: dict[str, Any]) -> pd.DataFrame:
+    """Long form of the summaries: one row per (source, mode), source "all" first, then the stats' columns.
+    Takes summarize's dicts or their compact() form (the committed metrics/eval*.json)."""
+    records = [{"source": source, "mode": mode, **stats}
+               for source, summary in {ALL: overall, **per_source}.items()
+               for mode, stats in summary.items() if isinstance(stats, dict)]  # skip the cross-mode ratios
+    return pd.DataFrame.from_records(records)
+
+
+def plot_tables(overall: dict[str, Any], per_source: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """The CSV files of write_plots, by file name."""
+    t = (summary_table(overall, per_source)
+         .rename(columns={"output_accuracy": "accuracy", "mean_positions": "positions"})
+         .round({"accuracy": 4, "positions": 2}))
+    over_all = t["source"] == ALL
+    return {
+        "accuracy.csv": t.loc[over_all, ["mode", "accuracy", "n"]],
+        "accuracy_by_source.csv": t.loc[~over_all, ["source", "mode", "accuracy", "n"]],
+        "accuracy_vs_positions.csv": t[["mode", "source", "positions", "accuracy", "n"]],
+    }
 
 
 def write_plots(overall: dict[str, Any], per_source: dict[str, Any], plots: Path) -> None:
+    """The PLOT_FILES into `plots`: the CSVs of plot_tables and a PNG of each."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plots.mkdir(parents=True, exist_ok=True)
-    modes = [m for m, v in overall.items() if isinstance(v, dict)]
-    groups = [("all", overall)] + list(per_source.items())
-    with open(plots / "accuracy.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["mode", "source", "accuracy", "n"])
-        for name, summ in groups:
-            for m in modes:
-                if m in summ:
-                    w.writerow([m, name, f"{summ[m]['output_accuracy']:.4f}", summ[m]["n"]])
-    with open(plots / "accuracy_vs_positions.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["mode", "source", "positions", "accuracy"])
-        for name, summ in groups:
-            for m in modes:
-                if m in summ:
-                    w.writerow([m, name, f"{summ[m]['mean_positions']:.2f}", f"{summ[m]['output_accuracy']:.4f}"])
+    tables = plot_tables(overall, per_source)
+    for name, table in tables.items():
+        with atomic_path(plots / name) as tmp:
+            table.to_csv(tmp, index=False)
+    for name, draw in (("accuracy.png", _draw_accuracy), ("accuracy_by_source.png", _draw_by_source),
+                       ("accuracy_vs_positions.png", _draw_vs_positions)):
+        fig = draw(plt, tables[name.replace(".png", ".csv")])
+        with atomic_path(plots / name) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+        plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.5 * len(groups) * len(modes)))
-    labels, values, colors = [], [], []
-    palette = {"explicit": "#4c72b0", "latent": "#dd8452", "direct": "#55a868"}
-    for name, summ in groups:
-        for m in modes:
-            if m in summ:
-                labels.append(f"{name} / {m} (n={summ[m]['n']})")
-                values.append(summ[m]["output_accuracy"])
-                colors.append(palette.get(m, "gray"))
-    ax.barh(range(len(values)), values, color=colors)
-    ax.set_yticks(range(len(values)), labels)
-    ax.invert_yaxis()
+
+def _color(mode: str) -> str:
+    return PALETTE.get(mode, "gray")
+
+
+def _draw_accuracy(plt: ModuleType, t: pd.DataFrame) -> Figure:
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.45 * len(t)))
+    bars = ax.barh([f"{m} (n={n})" for m, n in zip(t["mode"], t["n"])], t["accuracy"], color=t["mode"].map(_color))
+    ax.bar_label(bars, labels=[f"{a:.1%}" for a in t["accuracy"]], padding=3)
+    ax.invert_yaxis()  # the first mode on top
     ax.set_xlim(0, 1)
     ax.set_xlabel("output accuracy")
-    ax.set_title("output accuracy by source and decoding mode")
+    ax.set_title("output accuracy by decoding mode (all examples)")
     fig.tight_layout()
-    fig.savefig(plots / "accuracy.png", dpi=110)
-    plt.close(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, summ in groups:
-        for m in modes:
-            if m in summ:
-                x, y = summ[m]["mean_positions"], summ[m]["output_accuracy"]
-                ax.scatter(x, y, color=palette.get(m, "gray"), marker="o" if name == "all" else "x")
-                ax.annotate(f"{m} ({name})", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("generated positions per example (tokens + latents)")
+
+def _draw_by_source(plt: ModuleType, t: pd.DataFrame) -> Figure:
+    acc = t.pivot(index="source", columns="mode", values="accuracy").reindex(columns=t["mode"].unique())
+    n = t.groupby("source")["n"].max()
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * max(len(acc), 1), 4))
+    width = 0.8 / max(len(acc.columns), 1)
+    for k, mode in enumerate(acc.columns):
+        bars = ax.bar([i + (k - (len(acc.columns) - 1) / 2) * width for i in range(len(acc))], acc[mode],
+                      width, label=mode, color=_color(mode))
+        ax.bar_label(bars, labels=["" if pd.isna(a) else f"{a:.1%}" for a in acc[mode]], fontsize=7, padding=2)
+    ax.set_xticks(range(len(acc)), [f"{s}\n(n={n[s]})" for s in acc.index])
+    ax.set_ylim(0, 1)
     ax.set_ylabel("output accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("accuracy vs cost")
-    ax.grid(alpha=0.3)
+    ax.set_title("output accuracy by source and decoding mode")
+    if len(acc.columns):
+        ax.legend(title="mode")
     fig.tight_layout()
-    fig.savefig(plots / "accuracy_vs_positions.png", dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def _draw_vs_positions(plt: ModuleType, t: pd.DataFrame) -> Figure:
+    from matplotlib.ticker import PercentFormatter
+
+    # one panel per source; labels alternate right/left of their points in order of positions, so that
+    # two modes at about the same cost (humaneval: explicit and latent) do not write over each other
+    sources = list(t["source"].unique())
+    fig, axes = plt.subplots(1, len(sources), figsize=(1.5 + 3.4 * len(sources), 3.8), sharex=True, sharey=True,
+                             squeeze=False)
+    for ax, source in zip(axes[0], sources):
+        points = t[t["source"] == source].sort_values("positions")
+        for k, row in enumerate(points.itertuples()):
+            ax.scatter(row.positions, row.accuracy, color=_color(row.mode), s=40, label=row.mode)
+            ax.annotate(f"{row.mode} {row.accuracy:.1%}", (row.positions, row.accuracy), fontsize=7, va="center",
+                        ha="left" if k % 2 == 0 else "right", xytext=(6 if k % 2 == 0 else -6, 0),
+                        textcoords="offset points")
+        ax.set_title(f"source: {source} (n={points['n'].max()})")
+        ax.set_xscale("log")  # direct writes ~5 positions, the traces hundreds
+        ax.set_xlabel("generated positions per example")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("output accuracy")
+    axes[0][0].set_ylim(-0.02, min(1.02, 1.2 * float(t["accuracy"].max()) + 0.05))
+    axes[0][0].set_xlim(1, 3 * float(t["positions"].max()))
+    axes[0][0].yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    fig.suptitle("accuracy vs cost (tokens + latents generated)")
+    fig.tight_layout()
+    return fig
 
 
 def _fmt(v: Any, pct: bool = False) -> str:
-    if v is None:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
         return "-"
     return f"{v:.1%}" if pct else (f"{v:.1f}" if isinstance(v, float) else str(v))
 
 
+def _markdown_table(cells: pd.DataFrame) -> list[str]:
+    return (["| " + " | ".join(map(str, cells.columns)) + " |", "|---|" + "---|" * (len(cells.columns) - 1)]
+            + ["| " + " | ".join(map(str, row)) + " |" for row in cells.itertuples(index=False)])
+
+
 def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits: list[str]) -> str:
-    modes = [m for m, v in overall.items() if isinstance(v, dict)]
-    lines = [f"## Evaluation on {', '.join(splits)}", "",
-             "| mode | n | output acc | trace exact | action acc | locals acc | positions/ex | ms/ex |",
-             "|---|---|---|---|---|---|---|---|"]
-    for m in modes:
-        s = overall[m]
-        lines.append(f"| {m} | {s['n']} | {_fmt(s['output_accuracy'], True)} | {_fmt(s['trace_exact_match'], True)} | "
-                     f"{_fmt(s['action_accuracy'], True)} | {_fmt(s['locals_accuracy'], True)} | "
-                     f"{_fmt(s['mean_positions'])} | {_fmt(s['mean_time_s'] * 1000 if s['mean_time_s'] is not None else None)} |")
+    """The evaluation table per mode, the latent-vs-explicit ratios and the accuracy per source, in markdown."""
+    t = summary_table(overall, per_source).reindex(columns=["source", "mode", *SUMMARY_KEYS]).astype(object)
+    t = t.where(t.notna(), None)
+    top = t[t["source"] == ALL]
+    pct = {"output acc": "output_accuracy", "trace exact": "trace_exact_match", "action acc": "action_accuracy",
+           "locals acc": "locals_accuracy"}
+    cells = pd.DataFrame({"mode": top["mode"], "n": top["n"],
+                          **{name: top[key].map(lambda v: _fmt(v, True)) for name, key in pct.items()},
+                          "positions/ex": top["mean_positions"].map(_fmt),
+                          "ms/ex": top["mean_time_s"].map(lambda v: _fmt(None if v is None else v * 1000))})
+    lines = [f"## Evaluation on {', '.join(splits)}", "", *_markdown_table(cells)]
     ratios = [f"{k} {overall[k]:.2f}" + ("x" if k != "retention" else "") for k in ("retention", "compression", "speedup")
               if overall.get(k) is not None]
     if ratios:
         lines += ["", "Latent vs explicit: " + ", ".join(ratios) + " (retention = latent accuracy / explicit accuracy)."]
-    lines += ["", "| source | " + " | ".join(f"{m} acc" for m in modes) + " |", "|---|" + "---|" * len(modes)]
-    for src, summ in per_source.items():
-        lines.append(f"| {src} | " + " | ".join(
-            f"{_fmt(summ[m]['output_accuracy'], True)} (n={summ[m]['n']})" if m in summ else "-" for m in modes) + " |")
+    by_source = t[t["source"] != ALL]
+    acc = (by_source.assign(cell=[f"{_fmt(a, True)} (n={n})" for a, n in zip(by_source["output_accuracy"], by_source["n"])])
+           .pivot(index="source", columns="mode", values="cell")
+           .reindex(index=list(per_source), columns=list(top["mode"])).fillna("-"))
+    acc.columns = [f"{m} acc" for m in acc.columns]
+    lines += ["", *_markdown_table(acc.rename_axis("source").reset_index())]
     return "\n".join(lines) + "\n"

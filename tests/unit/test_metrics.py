@@ -127,3 +127,10 @@ def test_empty_truth_rejected():
     with pytest.raises(ValueError, match="empty truth"):
         action_accuracy(TRUTH, [])
     assert locals_accuracy(TRUTH, [TRUTH[3]]) is None
+
+
+def test_summarize_keeps_run_order_of_modes_sorts_sources_and_gives_plain_numbers():
+    top, per_source = summarize(list(reversed(_rows())))  # source b's latent row comes first
+    assert list(top)[:3] == ["latent", "explicit", "direct"] and list(per_source) == ["a", "b"]
+    assert type(top["latent"]["n"]) is int and type(top["latent"]["output_accuracy"]) is float
+    assert mode_stats([])["n"] == 0 and mode_stats([])["output_accuracy"] is None
