@@ -4,13 +4,9 @@
     params = load_params("params.yaml")      # Params: .extract, .precompute, .model, .sft, ...
     params.codi.latent_steps, params.gamma
 
-Every key of params.yaml must be known, present and of the declared type; values are range-checked.
-A bad value fails before any work with its dotted key, the value and what was expected:
-
-    ConfigError: params.yaml: sft.lr = -0.001: expected a float > 0
-
-Floats written as `1e-3` are read as floats (PyYAML's YAML 1.1 resolver reads them as strings,
-DVC's as numbers; one schema must agree with DVC, see STACK-NOTES).
+Every key must be known, present, of the declared type and in range; a bad value fails before any work,
+naming its dotted key (`params.yaml: sft.lr = -0.001: expected a float > 0`). Floats such as `1e-3` are
+floats, as DVC (YAML 1.2) reads them; PyYAML's YAML 1.1 resolver alone would read them as strings.
 """
 
 from __future__ import annotations
@@ -220,6 +216,9 @@ class EvaluateConfig:
     constrain_actions: bool = _f("explicit/latent: after <|action_sep|> write only one of the program's "
                                  "lines (the model still picks which); false = free decoding")
     torch_threads: int = _f("torch intra-op threads on CPU; 0 = torch's default", ge=0)
+    bootstrap_samples: int = _f("resamples of the percentile bootstrap over problems behind every interval", ge=100)
+    bootstrap_seed: int = _f("seed of the bootstrap (fixed: a rerun gives the same intervals)")
+    ci_level: float = _f("confidence level of the intervals", gt=0.5, lt=1.0)
 
 
 # --------------------------------------------------------------------------------- logging / ops

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 
 from codi.answers import compare_answers
@@ -73,14 +75,40 @@ def locals_accuracy(predicted: Sequence[Frame], truth: Sequence[Frame]) -> float
     return hits / len(idx)
 
 
+ERROR_KINDS = ("action", "locals", "value", "grammar")
+
+
+def first_error(pred: Prediction, truth_frames: Sequence[Frame]) -> str | None:
+    """Where the prediction first departs from the true trace, or None if it never does:
+    `action` (a frame of another kind or source line, or a frame missing or too many), `locals` (the right
+    line with other locals; latent LINE frames have none to compare), `value` (a return/exception frame with
+    another VALUE; for `direct`, a wrong answer), `grammar` (the generation stops being a trace or answer)."""
+    if pred.mode == "direct":
+        if pred.error:
+            return "grammar"
+        return None if pred.answer is not None and compare_answers(pred.answer, truth_answer(truth_frames)).correct \
+            else "value"
+    for p, t in zip(pred.frames, truth_frames):
+        if (p.kind, p.source_line) != (t.kind, t.source_line):
+            return "action"
+        if t.kind in ("line", "call") and p.locals is not None and _locals_obj(p) != _locals_obj(t):
+            return "locals"
+        if t.kind in ("return", "exception") and not compare_answers(p.value_repr(), t.value_repr()).correct:
+            return "value"
+    if pred.error:  # every parsed frame was right; then the text stopped being a trace
+        return "grammar"
+    return None if len(pred.frames) == len(truth_frames) else "action"
+
+
 def score_example(pred: Prediction, truth_frames: Sequence[Frame], *, truth: str | None = None,
-                  source: str = "", example_id: str = "") -> dict[str, Any]:
+                  source: str = "", example_id: str = "", problem_id: str = "") -> dict[str, Any]:
     """Score one decoded example against its true trace (and answer, default: the trace's exit VALUE).
 
     `correct`: well-formed and the answer matches the truth (codi.answers: literal values type-strictly, else
     exact text); `reason` says why not ("malformed: ...", "no entry return/exception frame ...", "wrong answer").
     Explicit and latent: `trace_exact` (the (kind, line) sequence equals the truth's) and `action_accuracy`.
-    Explicit: `locals_accuracy`. Cost: `positions` (tokens + latents generated) and `time_s`.
+    Explicit: `locals_accuracy`. Cost: `positions` (tokens + latents generated) and `time_s`. `first_error`: the
+    kind of the first departure from the true trace (`first_error`). `problem_id` groups the bootstrap.
     """
     truth = truth if truth is not None else truth_answer(truth_frames)
     if pred.error:
@@ -91,10 +119,12 @@ def score_example(pred: Prediction, truth_frames: Sequence[Frame], *, truth: str
     traced = pred.mode in ("explicit", "latent")
     return {
         "id": example_id,
+        "problem_id": problem_id or example_id,
         "source": source,
         "mode": pred.mode,
         "correct": correct,
         "reason": reason,
+        "first_error": first_error(pred, truth_frames),
         "predicted": pred.answer,
         "truth": truth,
         "trace_exact": (actions(list(pred.frames)) == actions(list(truth_frames))) if traced else None,
@@ -112,15 +142,58 @@ MEASURES = {"output_accuracy": "correct", "trace_exact_match": "trace_exact", "a
             "locals_accuracy": "locals_accuracy", "mean_positions": "positions", "mean_time_s": "time_s"}
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """Percentile bootstrap over problems (every call of a drawn problem comes along); a fixed seed."""
+
+    samples: int
+    seed: int
+    level: float = 0.95
+
+
 def scores_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """The scored rows as a table: mode, source and the measures as float (None -> NaN, bool -> 0/1)."""
-    frame = pd.DataFrame.from_records(list(rows), columns=["mode", "source", *MEASURES.values()])
+    """The scored rows as a table: mode, source, problem, first error and the measures as float (None -> NaN)."""
+    frame = pd.DataFrame.from_records(list(rows), columns=["mode", "source", "problem_id", "first_error",
+                                                           *MEASURES.values()])
     return frame.astype({c: "float64" for c in MEASURES.values()})
 
 
 def _stats(frame: pd.DataFrame) -> dict[str, Any]:
     means = frame[list(MEASURES.values())].mean()  # NaN (a measure that does not apply) is skipped
-    return {"n": len(frame), **{k: None if pd.isna(means[c]) else float(means[c]) for k, c in MEASURES.items()}}
+    wrong = frame.loc[frame["correct"] == 0, "first_error"].fillna("none")  # a wrong answer over a right trace: none
+    return {"n": len(frame), **{k: None if pd.isna(means[c]) else float(means[c]) for k, c in MEASURES.items()},
+            "first_error": {k: int((wrong == k).sum()) for k in (*ERROR_KINDS, "none") if (wrong == k).any()}}
+
+
+def _interval(values: np.ndarray, level: float) -> list[float] | None:
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return None
+    tail = 100 * (1 - level) / 2
+    return [float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))]
+
+
+def bootstrap_intervals(frame: pd.DataFrame, boot: Bootstrap) -> dict[str, Any]:
+    """{mode: {output_accuracy: [lo, hi]}, retention/compression/speedup: [lo, hi]}: every mode and ratio is
+    computed on the same resampled problems (a paired bootstrap), so the ratios' intervals are paired too."""
+    problems = np.array(sorted(frame["problem_id"].unique()))
+    draws = np.random.default_rng(boot.seed).integers(0, len(problems), size=(boot.samples, len(problems)))
+    pos = {p: k for k, p in enumerate(problems)}
+    means: dict[str, dict[str, np.ndarray]] = {}
+    for mode, g in frame.groupby("mode", sort=False):
+        k = g["problem_id"].map(pos).to_numpy()
+        count = np.bincount(k, minlength=len(problems))[draws].sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means[str(mode)] = {col: np.bincount(k, weights=g[col].fillna(0).to_numpy(), minlength=len(problems))[draws]
+                                .sum(1) / count for col in ("correct", "positions", "time_s")}
+    out: dict[str, Any] = {m: {"output_accuracy": _interval(v["correct"], boot.level)} for m, v in means.items()}
+    if "explicit" in means and "latent" in means:
+        e, lat = means["explicit"], means["latent"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratios = {"retention": lat["correct"] / e["correct"], "compression": e["positions"] / lat["positions"],
+                      "speedup": e["time_s"] / lat["time_s"]}
+        out.update({k: _interval(v, boot.level) for k, v in ratios.items()})
+    return out
 
 
 def mode_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -145,16 +218,22 @@ def cross_mode(by_mode: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
-def _by_mode(frame: pd.DataFrame) -> dict[str, Any]:
+def _by_mode(frame: pd.DataFrame, boot: Bootstrap | None) -> dict[str, Any]:
     out: dict[str, Any] = {str(m): _stats(g) for m, g in frame.groupby("mode", sort=False)}  # modes in run order
     out.update(cross_mode(out))
+    if boot is not None:
+        ci = bootstrap_intervals(frame, boot)
+        for mode in (m for m in out if isinstance(out[m], dict)):
+            out[mode]["output_accuracy_ci"] = ci[mode]["output_accuracy"]
+        for ratio in ("retention", "compression", "speedup"):
+            out[f"{ratio}_ci"] = ci.get(ratio) if out.get(ratio) is not None else None
     return out
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(overall, per_source): overall = {mode: stats, retention, compression, speedup};
-    per_source = {source: the same shape over that source's rows}, sources sorted. Rows come from `score_example`."""
+def summarize(rows: Sequence[dict[str, Any]], bootstrap: Bootstrap | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(overall, per_source): overall = {mode: stats, retention, compression, speedup} (with `*_ci` intervals
+    when `bootstrap` is given); per_source = {source: the same shape over that source's rows}, sources sorted."""
     if not rows:
         raise ValueError("no scored examples to summarize")
     frame = scores_frame(rows)
-    return _by_mode(frame), {str(s): _by_mode(g) for s, g in frame.groupby("source")}
+    return _by_mode(frame, bootstrap), {str(s): _by_mode(g, bootstrap) for s, g in frame.groupby("source")}

@@ -33,17 +33,31 @@ def _round(v: Any) -> Any:
     return round(v, 4) if isinstance(v, float) else v
 
 
+def _with_interval(out: dict[str, Any], key: str, value: Any, interval: list[float] | None) -> None:
+    out[key] = _round(value)
+    if interval is not None:  # `dvc exp show` columns: key, key_lo, key_hi
+        out[f"{key}_lo"], out[f"{key}_hi"] = (_round(v) for v in interval)
+
+
 def compact(summary: dict[str, Any]) -> dict[str, Any]:
-    """The DVC metrics shape: per mode a few numbers (time in ms), then the cross-mode ratios."""
+    """The DVC metrics shape: per mode a few numbers (time in ms; 95% intervals as `_lo`/`_hi`; the first-error
+    counts of the wrong answers), then the cross-mode ratios with their intervals."""
     out: dict[str, Any] = {}
     for mode, stats in summary.items():
         if isinstance(stats, dict):
-            out[mode] = {k: _round(stats[k] * 1000 if k == "mean_time_s" and stats[k] is not None else stats[k])
-                         for k in SUMMARY_KEYS if stats.get(k) is not None}
-            if "mean_time_s" in out[mode]:
-                out[mode]["mean_time_ms"] = out[mode].pop("mean_time_s")
-        elif stats is not None:
-            out[mode] = _round(stats)
+            m: dict[str, Any] = {}
+            for k in SUMMARY_KEYS:
+                if stats.get(k) is None:
+                    continue
+                if k == "mean_time_s":
+                    m["mean_time_ms"] = _round(stats[k] * 1000)
+                else:
+                    _with_interval(m, k, stats[k], stats.get(f"{k}_ci"))
+            if stats.get("first_error"):
+                m["first_error"] = dict(stats["first_error"])
+            out[mode] = m
+        elif stats is not None and not mode.endswith("_ci"):
+            _with_interval(out, mode, stats, summary.get(f"{mode}_ci"))
     return out
 
 
@@ -162,6 +176,12 @@ def _fmt(v: Any, pct: bool = False) -> str:
     return f"{v:.1%}" if pct else (f"{v:.1f}" if isinstance(v, float) else str(v))
 
 
+def _with_ci(value: Any, interval: Any) -> str:
+    if value is None:
+        return "-"
+    return _fmt(value, True) + (" [{:.1f}, {:.1f}]".format(100 * interval[0], 100 * interval[1]) if interval else "")
+
+
 def _markdown_table(cells: pd.DataFrame) -> list[str]:
     return (["| " + " | ".join(map(str, cells.columns)) + " |", "|---|" + "---|" * (len(cells.columns) - 1)]
             + ["| " + " | ".join(map(str, row)) + " |" for row in cells.itertuples(index=False)])
@@ -169,20 +189,29 @@ def _markdown_table(cells: pd.DataFrame) -> list[str]:
 
 def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits: list[str]) -> str:
     """The evaluation table per mode, the latent-vs-explicit ratios and the accuracy per source, in markdown."""
-    t = summary_table(overall, per_source).reindex(columns=["source", "mode", *SUMMARY_KEYS]).astype(object)
+    t = summary_table(overall, per_source).reindex(
+        columns=["source", "mode", *SUMMARY_KEYS, "output_accuracy_ci", "first_error"]).astype(object)
     t = t.where(t.notna(), None)
     top = t[t["source"] == ALL]
-    pct = {"output acc": "output_accuracy", "trace exact": "trace_exact_match", "action acc": "action_accuracy",
-           "locals acc": "locals_accuracy"}
+    pct = {"trace exact": "trace_exact_match", "action acc": "action_accuracy", "locals acc": "locals_accuracy"}
     cells = pd.DataFrame({"mode": top["mode"], "n": top["n"],
+                          ("output acc [95% CI]" if top["output_accuracy_ci"].notna().any() else "output acc"):
+                              [_with_ci(a, ci) for a, ci in zip(top["output_accuracy"], top["output_accuracy_ci"])],
                           **{name: top[key].map(lambda v: _fmt(v, True)) for name, key in pct.items()},
                           "positions/ex": top["mean_positions"].map(_fmt),
                           "ms/ex": top["mean_time_s"].map(lambda v: _fmt(None if v is None else v * 1000))})
     lines = [f"## Evaluation on {', '.join(splits)}", "", *_markdown_table(cells)]
-    ratios = [f"{k} {overall[k]:.2f}" + ("x" if k != "retention" else "") for k in ("retention", "compression", "speedup")
-              if overall.get(k) is not None]
+    ratios = [f"{k} {overall[k]:.2f}" + ("x" if k != "retention" else "")
+              + (" [{:.2f}, {:.2f}]".format(*overall[f"{k}_ci"]) if overall.get(f"{k}_ci") else "")
+              for k in ("retention", "compression", "speedup") if overall.get(k) is not None]
     if ratios:
-        lines += ["", "Latent vs explicit: " + ", ".join(ratios) + " (retention = latent accuracy / explicit accuracy)."]
+        paired = "; [95% paired bootstrap interval over problems]" if overall.get("retention_ci") else ""
+        lines += ["", "Latent vs explicit: " + ", ".join(ratios) + f" (retention = latent accuracy / explicit accuracy{paired})."]
+    errors = [(m, fe) for m, fe in zip(top["mode"], top["first_error"]) if fe]
+    if errors:
+        kinds = [k for k in ("action", "locals", "value", "grammar", "none") if any(k in fe for _, fe in errors)]
+        lines += ["", "Wrong answers by the first place the generation departs from the true trace:", "",
+                  *_markdown_table(pd.DataFrame([{"mode": m, **{k: fe.get(k, 0) for k in kinds}} for m, fe in errors]))]
     by_source = t[t["source"] != ALL]
     acc = (by_source.assign(cell=[f"{_fmt(a, True)} (n={n})" for a, n in zip(by_source["output_accuracy"], by_source["n"])])
            .pivot(index="source", columns="mode", values="cell")

@@ -18,7 +18,7 @@ from codi.data import CacheDataset
 from codi.decoding import iter_decode, program_action_lines
 from codi.device import set_threads
 from codi.files import write_json, write_text
-from codi.metrics import score_example, summarize
+from codi.metrics import Bootstrap, score_example, summarize
 from codi.report import compact, markdown_report, write_plots, write_predictions
 from codi.tracing.format import parse_trace
 
@@ -32,7 +32,8 @@ def load_examples(cache_dir: Path, splits: list[str], limit: int) -> list[dict[s
         answers, traces, programs = ds.column("answer"), ds.column("trace_text"), ds.column("program")
         for k in range(len(ds)):
             ex = ds[k]
-            rows.append({"split": split, "id": ex["sample_id"], "source": ex["source"], "program": programs[k],
+            rows.append({"split": split, "id": ex["sample_id"], "problem_id": ex["problem_id"], "source": ex["source"],
+                         "program": programs[k],
                          "prompt_ids": ex["prompt_ids"], "truth": answers[k], "frames": parse_trace(traces[k])})
     return rows
 
@@ -72,14 +73,15 @@ def run(params: Params, cache: Path, sft: Path, codi: Path, direct: Path, metric
                                    max_frames=cfg.max_frames, batch_size=cfg.batch_size, progress=True,
                                    action_lines=lines))
         for ex, res in zip(examples, results):
-            row = score_example(res, ex["frames"], truth=ex["truth"], source=ex["source"], example_id=ex["id"])
+            row = score_example(res, ex["frames"], truth=ex["truth"], source=ex["source"], example_id=ex["id"],
+                                problem_id=ex["problem_id"])
             row["split"] = ex["split"]
             rows.append(row)
             generated.append(res.text)
         acc = sum(r["correct"] for r in rows[-len(examples):]) / len(examples)
         print(f"evaluate {mode}: {len(examples)} examples in {time.time() - t0:.1f}s, output accuracy {acc:.3f}")
 
-    overall, per_source = summarize(rows)
+    overall, per_source = summarize(rows, Bootstrap(cfg.bootstrap_samples, cfg.bootstrap_seed, cfg.ci_level))
     write_json(metrics_dir / "eval.json", compact(overall))
     write_json(metrics_dir / "eval_by_source.json", {s: compact(v) for s, v in per_source.items()})
     write_predictions(rows, generated, predictions)
