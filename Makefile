@@ -49,9 +49,9 @@ test-all: $(STAMP) git-repo
 	$(BIN)/python -m pytest -m "slow or not slow"
 
 # The experiments side by side: the params that differ and the evaluation, nothing else.
-EXP_DROP := Created|.*_loss.*|metrics/(codi|sft|sft_direct|precompute|extract)\.json:.*|val_.*|examples_per_s|tokens_per_s|train_runtime_s|steps|examples|(humaneval|synthetic|total|tokens|splits|dropped)\..*|vocab_size|.*\.n$$|.*_time_ms|models/.*|data/.*|codi/.*
+EXP_DROP := Created|.*_loss.*|metrics/(codi|sft|sft_direct|precompute|extract)\.json:.*|dvclive/.*|train\..*|eval\..*|summary\..*|step|val_.*|examples_per_s|tokens_per_s|train_runtime_s|steps|examples|(humaneval|synthetic|total|tokens|splits|dropped)\..*|vocab_size|.*\.n$$|.*_time_ms|.*first_error.*|models/.*|data/.*|codi/.*
 compare: $(STAMP)
-	@$(BIN)/dvc exp show --md --no-pager --only-changed --drop '$(EXP_DROP)' --keep '(explicit|latent|direct)\.output_accuracy'
+	@$(BIN)/dvc exp show --md --no-pager --only-changed --drop '$(EXP_DROP)' --keep '(explicit|latent|direct)\.output_accuracy(_lo|_hi)?|retention(_lo|_hi)?'
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -1,22 +1,13 @@
 """Answers: reading a predicted VALUE, comparing it with the truth, and the no-trace (direct) format.
 
-    from codi.answers import answers_match, literal_value, render_direct, parse_direct
-    answers_match("{2, 1}", "{1, 2}")          # True: both are set literals, compared as values
-    answers_match("1", "1.0")                  # False: type-strict
-    render_direct("[1, 2]")                    # '<|arg_sep|>"[1, 2]"'  (the direct target, before eos)
-    parse_direct('<|arg_sep|>"[1, 2]"')        # DirectParse(answer='[1, 2]', error='')
+    from codi.answers import answers_match, render_direct, parse_direct
+    answers_match("{2, 1}", "{1, 2}")     # True: literals compare as values; answers_match("1", "1.0") is False
+    render_direct("[1, 2]")               # '<|arg_sep|>"[1, 2]"'  (the direct target, before eos)
+    parse_direct('<|arg_sep|>"[1, 2]"')   # DirectParse(answer='[1, 2]', error='')
 
-The comparison rule (`answers_match`):
-- When both reprs parse as Python literals (`literal_value`: what `ast.literal_eval` reads, plus
-  `nan`, `inf`, `-inf`, `set()`, `frozenset(...)`, at any nesting), they are equal iff their values are
-  equal *type-strictly*: `1`, `1.0` and `True` are three different answers, a list never equals a tuple,
-  `nan` equals `nan`, `0.0` equals `-0.0`, sets and dicts compare order-free, lists and tuples in order.
-- Otherwise the two reprs are compared as strings, exactly. This covers exception reprs
-  (`ValueError('x')`), objects (`<Foo object>`), and truncated reprs: a repr ending in
-  `codi.tracing.format.REPR_CUT` never parses as a literal, so a cut truth only matches the same cut text.
-
-The direct target (what sft_direct trains on and `codi.decoding` parses in `direct` mode) is
-`<|arg_sep|>` + VALUE + eos, VALUE being the JSON string of the repr, as in a return frame.
+The rule: two reprs that both parse as Python literals are equal iff their values are, type-strictly;
+otherwise they compare as exact text (exception reprs, objects, reprs cut with REPR_CUT).
+Details: docs/ARCHITECTURE.md, "Answers".
 """
 
 from __future__ import annotations

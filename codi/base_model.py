@@ -6,9 +6,8 @@
     save_base(model, tok, "models/base")              # HF format: later stages load it like a hub model
 
 `tiny` is the embedded default: a from-scratch Qwen2-style decoder and a byte-level BPE trained on the
-training split's prompt and trace text (digits split one by one: a tiny model learns arithmetic on
-digits far more easily than on multi-digit merges). Anything else is a local HF folder or a hub id,
-loaded with `from_pretrained`; the trace tokens are added and the embeddings resized.
+training split's text, digits split one by one. Anything else is a local HF folder or a hub id, loaded
+with `from_pretrained`, trace tokens added. Design: docs/ARCHITECTURE.md, "Tokenization and spans".
 """
 
 from __future__ import annotations

@@ -5,10 +5,8 @@
     ds = CacheDataset("data/cache/train.arrow")      # torch Dataset of codi-contract dicts
     ds[0] -> {"prompt_ids": [...], "trace_ids": [...], "spans": [(i, j), ...], "answer_ids": [...], ...}
 
-Format: one Arrow IPC file per split (uncompressed, random-access). Arrow IPC is what HF `datasets`
-memory-maps under the hood: opening a split maps the file and reads nothing, an example is a zero-copy
-slice of int32 buffers, and a DataLoader worker shares the pages instead of unpickling copies.
-Parquet (used for the human-facing traces) would need decompression on every open.
+One uncompressed Arrow IPC file per split: opening it memory-maps the file and reads nothing.
+Format and why: docs/ARCHITECTURE.md, "The cache".
 """
 
 from __future__ import annotations

@@ -3,41 +3,11 @@
     from codi.decoding import decode, iter_decode
     results = decode("explicit", sft_model, tok, prompt_ids, max_new_tokens=1024, max_frames=256)
     results = decode("latent", codi_model.model, tok, prompt_ids, projector=codi_model.projector, latent_steps=1)
-    for r in iter_decode("direct", direct_model, tok, many_prompts, batch_size=16, progress=True):
-        print(r.answer, r.stop, r.error)
+    for r in iter_decode("direct", direct_model, tok, many_prompts, batch_size=16, progress=True): r.answer
 
-`model` is an HF causal LM with a decoder body (`model.model`, returning the post-final-norm hidden
-states) and `model.lm_head`; `prompt_ids` are token id lists of `render_prompt(program, call)`
-(they end in `<|frame_sep|>`).
-
-- explicit: generate frames until the entry call's return/exception frame is closed (call depth back
-  to 0), eos, `max_frames` closed frames, or `max_new_tokens` positions. Answer: that frame's VALUE.
-- latent: the same, except that right after every generated `<|line_sep|>` the decoder feeds the
-  latent block instead of letting the model write the locals: `<|latent_start|>`, `latent_steps`
-  latents (each = projector(hidden state at the previous position)), `<|latent_end|>`; then the model
-  continues. It should write `<|action_sep|>` next; anything else is a grammar violation, reported in
-  `error` when the result is parsed (never forced). A `<|line_sep|>` the model writes anywhere gets a
-  block (the rule is "whenever it emits one"); one outside a LINE frame's start is malformed.
-- direct: generate `<|arg_sep|>` VALUE eos (codi.answers) until eos or `max_new_tokens`.
-
-Constrained actions (explicit, latent; `action_lines`, built by `program_action_lines`): a frame's
-action is a line of the program, so after each `<|action_sep|>` the greedy choice is restricted to
-tokens that continue one of the program's lines (a trie over their token ids) until a whole line is
-written; then the model is free again (separator, locals, VALUE). The model still picks which line
-runs next and everything else; this removes copy slips (a wrong constant or name in a line it
-chose), which a tiny model makes often. Without `action_lines` decoding is unconstrained.
-
-Batching: prompts are left-padded; every step feeds one position per unfinished row as
-`inputs_embeds` (a token's embedding, or a latent), with a 2-D attention mask over past + new and
-explicit `position_ids`, in one model call for the whole batch. Finished rows leave the batch (the
-KV cache keeps only live rows), so no row ever carries padding in the middle and a batched result
-equals the one-at-a-time result (bit for bit in fp32 on CPU, as the tests check; GPU kernels picked
-per batch shape may differ in the last bits, which can flip a near-tie). Positions count every generated item: tokens (the block's two
-markers included) and latents; `max_new_tokens` caps them.
-
-Time per example is the row's share of the batch's wall time: the prefill split evenly over the
-batch, each step split over the rows it fed. Summed over a batch it is the batch's wall time.
-A malformed generation never raises: it is returned with `error` set (see `parse_generation`).
+Batched, with results equal to one-at-a-time decoding; `action_lines` (program_action_lines) constrains
+each action to a line of the program. Latents come from codi.modeling's `latent_input`, fed one position
+at a time because rows advance independently. Design: docs/ARCHITECTURE.md, "Decoding".
 """
 
 from __future__ import annotations
@@ -121,7 +91,7 @@ def build_action_trie(lines: Sequence[Sequence[int]]) -> dict | None:
 
 def program_action_lines(tokenizer, program: str) -> list[list[int]]:
     """Token ids of every line of `program` as a trace writes it after `<|action_sep|>`: the raw line
-    with its "\n" (DESIGN.md: LINE is the raw source line). Tokenized alone, which equals the trace's
+    with its "\n" (the trace format's LINE is the raw source line). Tokenized alone, which equals the trace's
     tokens because `<|action_sep|>` (a special token) starts a fresh pre-tokenization."""
     lines = sorted({line + "\n" for line in program.splitlines() if line.strip()})
     return [list(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]] if lines else []
@@ -356,7 +326,7 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
     """Decode one batch of prompts (token id lists) greedily; results in prompt order.
 
     `action_lines`: per prompt, its program's lines as token ids (`program_action_lines`): actions
-    are decoded constrained to them (explicit, latent; see the module doc). None = unconstrained."""
+    are decoded constrained to them (explicit, latent; docs/ARCHITECTURE.md, "Decoding"). None = unconstrained."""
     _check(mode, projector, latent_steps, max_new_tokens, max_frames)
     if not prompts:
         return []

@@ -1,22 +1,12 @@
-"""Data-parallel CPU training without a launcher: `python -m codi sft` with `sft.cpu_processes: 2`
-starts one worker process per core itself (gloo DDP through the env:// rendezvous) and waits for them.
+"""Data-parallel CPU training without a launcher: with `<stage>.cpu_processes: N`, `python -m codi <stage>`
+starts N worker processes itself (gloo DDP through the env:// rendezvous) and waits for them.
 
     maybe_relaunch(cfg.cpu_processes, ["--params", "params.yaml", "sft"])   # None: run here
 
-On the host where the default was tuned, two single-threaded processes gave 1.7x the throughput of
-one (measure yours with benchmarks/bench_train.py).
-
-Nothing is relaunched under an existing launcher (WORLD_SIZE set: torchrun, accelerate), or when 1
-process is asked for. On a GPU machine `cpu_processes` does not apply: it says so on stderr and the
-stage runs in this process (use torchrun/accelerate for several GPUs). The DVC stage command stays
-`python -m codi <stage>`.
-
-Why not torchrun: its agent exits 1 whatever happened to a worker, so an OOM-killed worker (SIGKILL)
-looked like a deterministic failure and the Prefect flow never retried it. Here the stage exits with
-the first failing worker's status, shell-style (killed by signal N -> 128 + N: an OOM kill is 137,
-which pipelines.dvc.is_transient retries), and the other workers are stopped at once. Every worker
-asks the kernel for SIGKILL when the launcher dies (PR_SET_PDEATHSIG, Linux), so killing the stage
-(DVC, Prefect, kill -9 of the group) leaves no orphan; SIGTERM/SIGINT to the launcher is forwarded.
+Nothing is relaunched under a launcher (WORLD_SIZE set: torchrun, accelerate), for 1 process, or on a GPU
+machine. The stage exits with the first failing worker's status, shell-style (an OOM kill is 137, which
+the Prefect flow retries), and no worker outlives the launcher (PR_SET_PDEATHSIG).
+Why not torchrun: docs/ARCHITECTURE.md, "Training".
 """
 
 from __future__ import annotations

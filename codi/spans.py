@@ -3,11 +3,10 @@
     enc = encode_examples(tok, prompts, traces, locals_char_spans)   # batched, fast tokenizer
     enc[k].trace_ids[i] == <|line_sep|>;  enc[k].trace_ids[i+1:j] == its LOCALS;  trace_ids[j] == <|action_sep|>
 
-Spans come from the tokenizer's character offsets (not from searching token ids): the LOCALS text of
-each LINE frame is known in characters (`codi.tracing.format.locals_offsets`), and the tokens at its
-boundaries are the atomic `<|line_sep|>` and `<|action_sep|>`. Every span is verified when found:
-decoding `trace_ids[i+1:j]` must give back exactly that frame's LOCALS text, else `SpanError`
-names the sample. `trace_ids` ends with the tokenizer's eos (DESIGN: trace := FRAME+ EOS).
+Spans come from the tokenizer's character offsets (not from searching token ids), and every span is
+verified: decoding `trace_ids[i+1:j]` must give back exactly that frame's LOCALS text, else `SpanError`
+names the sample. `trace_ids` end with the tokenizer's eos.
+Design: docs/ARCHITECTURE.md, "Tokenization and spans".
 """
 
 from __future__ import annotations

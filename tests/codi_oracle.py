@@ -1,14 +1,12 @@
 """The per-example oracle of the codi model, and tiny fixtures to test and benchmark it.
 
-`oracle_forward(model, examples, ss_prob, ss_rng)` computes what seed/train_codi.py's CodiModel computes,
-one example at a time and one model call per segment, on the weights of a `codi.modeling.CodiModel`
-(its base, projector and options). It is deliberately plain: the reference's loop, the transformers 5
-API (`cache=`), nothing shared with the batched code under test except the weights.
-One documented extension: kd_target="logit" with the shared-weight teacher (the reference would crash)
-targets lm_head(teacher last hidden), detached.
-
-Scheduled-sampling draws: one uniform per post-latent segment when ss_prob > 0, examples in order,
-segments in order, from the explicit `ss_rng` (random.Random or torch.Generator).
+`oracle_forward(model, examples, ss_prob, ss_rng)` computes what the reference design computes
+(docs/ARCHITECTURE.md, "The reference design"), one example at a time and one model call per segment, on
+the weights of a `codi.modeling.CodiModel`. It is deliberately plain: the reference's loop, the
+transformers 5 API (`cache=`), nothing of the batched code under test but the weights. One documented
+extension: kd_target="logit" with the shared-weight teacher targets lm_head(teacher last hidden), detached.
+Scheduled sampling: one uniform per post-latent segment, examples then segments in order, from `ss_rng`.
+`latent_block` is the lockstep decoder form of the training recurrence, for the consistency tests.
 """
 
 from __future__ import annotations

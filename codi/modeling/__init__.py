@@ -1,4 +1,4 @@
-"""The CODI model (stage 2b): the reference design of seed/train_codi.py, batched, plus save/load.
+"""The CODI model (stage 2b): the reference design, batched, plus save/load (docs/ARCHITECTURE.md, "CodiModel").
 
     from codi.modeling import CodiModel, ss_ramp, save_codi_model, load_codi_model
     model = CodiModel.from_config(base, token_ids(tok), params.codi, params.alpha, params.beta, params.gamma)
@@ -6,10 +6,8 @@
     save_codi_model(model, tok, "models/codi", extra={"step": step})
     loaded = load_codi_model("models/codi")        # LoadedCodi(model, projector, tokenizer, config)
 
-Decoders reuse the training recurrence through `PaddedRows` + `latent_block` (codi.modeling.latent).
-
-Modules: plan (example checks, student rounds, ss_ramp), latent (projector, padded batch state,
-latent primitives), losses, model (CodiModel), io (save/load).
+Modules: plan (checks, rounds, ss_ramp), latent (projector, PaddedRows, latent_input, latent_recurrence),
+losses, model (CodiModel, split_causal_lm), io. codi.decoding shares latent_input and split_causal_lm.
 """
 
 from codi.modeling.io import (CodiArtifactConfig, LoadedCodi, load_codi_model, read_codi_config,

@@ -1,27 +1,13 @@
 """The latent-block primitives shared by training and decoding, and the padded batch state they run on.
 
-Training (`CodiModel`) and the latent decoder must compute the same recurrence, so both call these:
-
     rows = PaddedRows(body, batch_size=B, device=dev)   # body = base.model (the decoder stack, no lm_head)
-    last = rows.step(embeds, real)                      # append a block: embeds [B, n, H], real [B, n] bool
-    h = latent_block(rows, projector, embed, ids, active)   # <|latent_start|>, latents, <|latent_end|>
-    logits = base.lm_head(h)                            # predicts the token after <|latent_end|>
+    last, _ = rows.step(embeds, real)                   # append a block: embeds [B, n, H], real [B, n] bool
+    x = latent_input(projector, h)                      # the next latent's input embedding
+    h = latent_recurrence(rows, projector, h, steps, active)   # `steps` latents in lockstep -> h [B, H]
 
-`latent_block` is what a decoder calls when a row has just emitted `<|line_sep|>`: it appends the
-latent_start embedding, then `steps` recurrent latents (each = projector(last hidden of the previous
-position, post-final-norm, i.e. `last_hidden_state`)), then the latent_end embedding, and returns the
-post-norm hidden of latent_end. Training fuses the same computation into fewer calls (latent_start
-rides on the text block before it; the last latent and latent_end on the text block after it, since
-that latent's input is known before the call) and runs `latent_recurrence` for the other latents;
-tests/unit/test_modeling.py proves this primitive equal to the reference's latent block, and the
-equivalence tests prove the fused training form equal to the reference.
-
-PaddedRows keeps a KV cache whose slots are shared by all rows: each `step` appends `n` slots to every
-row, some of them padding. A 2-D attention mask over past+new slots hides the padding and explicit
-position_ids give every real token its position within its own row, so a padded row computes exactly
-what it would alone (transformers 5: mid-sequence padding matches per-row decoding only with
-position_ids). Padding queries always see at least the row's first real slot, so no attention row is
-fully masked (sdpa would return NaN there, and 0 * NaN poisons gradients even of unused outputs).
+CodiModel runs latent_recurrence; codi.decoding feeds latent_input one position at a time. A padded row
+computes exactly what it would alone (2-D mask + explicit position_ids; no fully masked attention row).
+Design: docs/ARCHITECTURE.md, "CodiModel" (PaddedRows, compaction) and "Decoding".
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
-"""CodiModel: the reference stage-2b design (seed/train_codi.py's CodiModel), batched in lockstep.
+"""CodiModel: the reference stage-2b design, batched in lockstep (frame k of every example together).
 
     model = CodiModel.from_config(base, token_ids(tok), params.codi, params.alpha, params.beta, params.gamma,
                                   frozen_teacher=None)
     out = model(examples, ss_prob=ss_ramp(step, max_steps, cfg.ss_prob, cfg.ss_ramp_frac), ss_rng=rng)
     out["loss"].backward()        # out also holds teacher_loss, student_loss, kd_loss (detached)
 
-Per batch: one teacher forward over right-padded prompt+trace (activation-checkpointed; KD targets
-taken from the same pass, detached), then the student in rounds, frame k of every example together
-(codi.modeling.plan): one model call per text round [last latent, latent_end, text, latent_start] and
-one per other latent step, on a PaddedRows state (2-D mask + explicit position_ids; the cache is
-compacted when padding piles up). Model calls per batch: 2 + max_frames * max(1, latent_steps), +1
-per round in which scheduled sampling fires, whatever the batch size. Rows whose example has fewer
-frames idle on padding slots; no query row is ever fully masked (no sdpa NaN). The proof of equality
-with the reference: tests/unit/test_modeling_equivalence.py against the per-example oracle
-tests/codi_oracle.py.
-
-Deliberate differences from the reference, none of which changes an fp32 result:
-- kd_target="logit" with the shared-weight teacher: the reference would crash (it compares student
-  logits with teacher hidden states); here the target is lm_head(teacher last hidden), detached.
-- Losses are computed in float32 (the reference: in the model dtype).
-- The teacher's KD targets come from its CE pass (the reference runs a second, no-grad pass).
-- latent_steps = 0 freezes the projector (it is unused, and DDP with find_unused_parameters=False
-  would fail on a trainable parameter that gets no gradient).
-- Activation checkpointing of the base is managed here: on for the teacher's CE pass, off for the
-  student (it needs its KV cache), whatever the base's own setting.
+One teacher pass, then the student in rounds on PaddedRows: 2 + F * max(1, latent_steps) model calls per
+batch (F = most LINE frames of an example), whatever its size. Equal to the per-example oracle of the
+reference (tests/unit/test_modeling_equivalence.py). Design, differences: docs/ARCHITECTURE.md, "CodiModel".
 """
 
 from __future__ import annotations
@@ -87,7 +71,7 @@ def activation_checkpointing(module: nn.Module, enabled: bool) -> Iterator[None]
 
 
 class CodiModel(nn.Module):
-    """Shared-weight (or frozen) teacher + latent student over one base causal LM. See the module doc."""
+    """Shared-weight (or frozen) teacher + latent student over one base causal LM (docs/ARCHITECTURE.md, "CodiModel")."""
 
     def __init__(self, base: nn.Module, token_ids: TraceTokenIds, *, latent_steps: int,
                  teacher_ce_weight: float, student_ce_weight: float, kd_weight: float,

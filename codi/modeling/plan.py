@@ -2,22 +2,11 @@
 
     plan = plan_example(example, index, token_ids)   # ExamplePlan; ValueError names examples[index]
     plan.rounds[k].tokens, .targets, .anchor, .ss_slots
-    p = ss_ramp(step, max_steps, ss_prob, ss_ramp_frac)
-    u = draw_uniform(rng)                            # random.Random or torch.Generator
+    p = ss_ramp(step, max_steps, ss_prob, ss_ramp_frac); u = draw_uniform(rng)  # random.Random | Generator
 
-The student of an example with n LINE spans (i_1, j_1) .. (i_n, j_n) over trace T and prompt P runs
-n + 1 token rounds with latent steps between them (LS/LE = latent_start/latent_end tokens):
-
-    round 0:  P + T[:i_1+1] + [LS]           then `latent_steps` latents
-    round k:  [LE] + T[j_k:i_{k+1}+1] + [LS]  then latents        (1 <= k < n)
-    round n:  [LE] + T[j_n:]
-
-Every slot's next-token logit is trained on the next trace token except the one at `<|line_sep|>`
-(it would predict the dropped locals) and the last of the trace; LE's logit predicts T[j_k]. The KD
-anchor of round k >= 1 is slot 1 (T[j_k], the `<|action_sep|>`). This equals the reference's
-segment loop (a text segment, then latent_start / latents / latent_end) with latent_start fused onto
-the text before it and latent_end onto the text after it (CodiModel also moves the last latent of
-each block into the round after it: slots shift by one there).
+Spans (i_1, j_1)..(i_n, j_n) over prompt P and trace T give n + 1 rounds (LS/LE = latent_start/end), with
+latents after each LS: round 0 = P + T[:i_1+1] + [LS]; round k = [LE] + T[j_k:i_{k+1}+1] + [LS]; round
+n = [LE] + T[j_n:]. Targets, anchors, equivalence: docs/ARCHITECTURE.md, "CodiModel" (student rounds).
 """
 
 from __future__ import annotations
@@ -75,7 +64,7 @@ def _int_list(ex: Mapping[str, Any], key: str, where: str) -> tuple[int, ...]:
 
 
 def check_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """Validate the codi contract (DESIGN.md section 1 "Spans"); returns (prompt, trace, spans)."""
+    """Validate the codi contract (docs/ARCHITECTURE.md, "Spans"); returns (prompt, trace, spans)."""
     where = f"examples[{index}]"
     if not isinstance(ex, Mapping):
         raise ValueError(f"{where}: expected a dict with prompt_ids, trace_ids, spans; got {type(ex).__name__}")

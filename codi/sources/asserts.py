@@ -1,22 +1,13 @@
 """Turn a test assertion into the call it makes and the value it expects.
 
     from codi.sources.asserts import parse_assert_text, NoCall
-    parse_assert_text("assert add(2, 3) == 5", {"add": "add"})
-    # AssertCall(call='add(2, 3)', expected='5', why='')
-    parse_assert_text("assert set(f([1])) == set([1])", {"f": "f"})
-    # AssertCall(call='f([1])', expected=None, why='result compared through set(...)')
-    parse_assert_text("assert candidate(1) == 2", {"candidate": "inc"})   # HumanEval's check()
-    # AssertCall(call='inc(1)', expected='2', why='')
+    parse_assert_text("assert add(2, 3) == 5", {"add": "add"})   # AssertCall(call='add(2, 3)', expected='5', why='')
+    parse_assert_text("assert candidate(1) == 2", {"candidate": "inc"})   # HumanEval: call='inc(1)'
 
-`callees` maps the names an assert may call to the function the program defines (HumanEval's
-`candidate` is its `entry_point`). An assert that calls none of them raises `NoCall`, whose message
-says why; the sources record it as a skip. `expected` is only set where value equality with the
-return is exactly what the assert checks (`f(x) == y`, `y == f(x)`, `f(x) is True/False/None`);
-everything else (`set(f(x)) == ...`, `math.isclose`, a truthy `assert f(x)`) keeps the call with
-`expected=None` and says why. Calls and expectations are written back with `ast.unparse`, so the
-text is canonical Python whatever the dataset's spacing.
-
-Also here: `Harvest` (what one dataset record yields) and `defined_functions`.
+`callees` maps the names an assert may call to the program's function; an assert that calls none of them
+raises `NoCall`. `expected` is set only where value equality with the return is exactly what the assert
+checks (`f(x) == y`, `y == f(x)`, `f(x) is True/False/None`); other shapes keep the call with
+`expected=None` and say why. Also here: `Harvest` and `defined_functions`.
 """
 
 from __future__ import annotations

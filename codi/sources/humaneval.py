@@ -4,17 +4,10 @@
     load = load_samples("humaneval", cfg)          # the package's HumanEval.jsonl.gz
     load = load_samples("humaneval", cfg, path="other_humaneval_style.jsonl")
 
-A record is `{"task_id", "prompt", "canonical_solution", "test", "entry_point"}`. The program is
-`prompt + canonical_solution` (the prompt holds the imports and any helper the solution calls).
-Inputs come from the asserts of `test`'s `check(candidate)`, with `candidate` renamed to the
-entry point; the asserts are numbered in source order and sample `k` is
-`humaneval/<n>/<k>` for task `HumanEval/<n>`.
-
-- `assert candidate(x) == y` gives `expected = "y"`; a float tolerance, a truthy assert etc.
-  keep the call with `expected=None` (`codi.sources.asserts` says why).
-- An assert inside a loop (or `if`/`with`/`try`) is skipped: its inputs change per iteration.
-- Imports and assignments at the top of `check` (and module-level imports of `test`) that an
-  assert refers to go into the sample's `setup`, in order (HumanEval/151 builds its input so).
+Program = `prompt + canonical_solution`; one sample per assert of `test`'s `check(candidate)` in source
+order (`humaneval/<n>/<k>`), `candidate` renamed to the entry point. An assert inside a loop, `if`, `with`
+or `try` is skipped; the imports and assignments an assert uses go into the sample's `setup`.
+Details: docs/ARCHITECTURE.md, "Sources".
 """
 
 from __future__ import annotations

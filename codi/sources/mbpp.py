@@ -3,14 +3,10 @@
     from codi.sources.registry import load_samples
     load = load_samples("mbpp", cfg, path="data/raw/mbpp.jsonl")   # or "hf:google-research-datasets/mbpp"
 
-A record is `{"task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list"}`
-(the original jsonl; the "sanitized" variant's `prompt` and `test_imports` are read too). The
-program is `code`; `test_imports` and `test_setup_code` become the sample's `setup`, which runs
-after the program (MBPP's setup code uses the program's definitions). Both `test_list` and
-`challenge_test_list` asserts become samples, numbered in that order: `mbpp/<task_id>/<k>`.
-
-An assert's call must be a call of a function `code` defines; `assert f(x) == y` gives
-`expected = "y"`, other shapes keep the call with `expected=None` (see `codi.sources.asserts`).
+A record is `{"task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list"}` (the
+"sanitized" variant's `prompt` and `test_imports` are read too). The program is `code`; `test_imports` and
+`test_setup_code` become `setup`, run after the program; `test_list` then `challenge_test_list` asserts
+become samples `mbpp/<task_id>/<k>` (assert shapes: codi.sources.asserts).
 """
 
 from __future__ import annotations

@@ -3,19 +3,10 @@
     from codi.sources.registry import load_samples
     load = load_samples("pyx", cfg, path="data/raw/pyx.jsonl")      # or "hf:semcoder/PyX"
 
-A record is `{"nl", "fwd_mnl", "bwd_mnl", "response"}` and exactly one of the first three is
-non-empty (SemCoder's `src/dataset.py` asserts this and picks the task by it):
-
-- `fwd_mnl` (forward monologue, output prediction): `[PYTHON]\\n<program>\\nassert g(<input>) == ??\\n[/PYTHON]`;
-  `response` is the monologue, then `[ANSWER]\\nassert g(<input>) == <output>\\n[/ANSWER]`.
-  Call = the task's `g(<input>)`; expected = the answer's output when the answer makes that call.
-- `bwd_mnl` (backward monologue, input deduction): `[PYTHON]\\n<program>\\nassert g(??) == <output>\\n[/PYTHON]`;
-  the input is only in the answer. Call = the answer's `g(<input>)`; expected = the task's output.
-- `nl` (code generation) has no call: skipped.
-
-The entry need not be called `f`. PyX has no id field, so a program's problem id is a hash of
-its normalised text (`pyx/<sha1[:12]>`): its forward and backward records group together, and
-sample `k` is the k-th record of that program in file order.
+A record is `{"nl", "fwd_mnl", "bwd_mnl", "response"}` with exactly one of the first three non-empty:
+`fwd_mnl` (output prediction) takes the call from the task and the expected value from the answer,
+`bwd_mnl` (input deduction) the call from the answer and the expected value from the task; `nl` (code
+generation) is skipped. Ids hash the normalised program. Formats: docs/ARCHITECTURE.md, "Sources".
 """
 
 from __future__ import annotations

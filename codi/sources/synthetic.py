@@ -1,24 +1,14 @@
 """The built-in, seeded generator of small programs: the embedded default's main training data.
 
-    from codi.config import SyntheticConfig
     from codi.sources.synthetic import generate, generate_programs
-    samples = generate(SyntheticConfig(n_programs=1000, calls_per_program=2, difficulty=2, seed=0))
-    programs = generate_programs(cfg)      # with the template of each program, for statistics
+    samples = generate(params.extract.synthetic)      # SyntheticConfig -> list[Sample]
+    programs = generate_programs(params.extract.synthetic)   # with each program's template, for statistics
 
-    $ python -m codi.sources.synthetic 5 3     # print 5 programs of difficulty 3
+Difficulty d draws from the templates of level <= d (codi.sources.synthetic_templates). Every call is run
+here (trusted code, plain `exec`) under a counting tracer before it is kept, and its repr is `expected`;
+the same seed gives byte-identical programs. Details: docs/ARCHITECTURE.md, "Sources".
 
-A program is one entry function (plus a helper or a recursive function) of 3-12 lines, built
-from one of the templates in `codi.sources.synthetic_templates`. Difficulty d draws uniformly
-from the templates of level <= d: 1 = straight-line arithmetic and a branch; 2 = + loops, lists,
-strings, dicts, helper calls; 3 = + recursion and nested loops. Names, constants, operators and
-the optional parts of each template are random, so texts rarely repeat (and never within one
-generation: a repeat is redrawn).
-
-Every call is run here (trusted code, plain `exec`) under a counting tracer before it is kept:
-it must return without an exception within `MAX_FRAMES` call/line/return events, and every
-value it holds must stay small (`_small`). The return value's repr is the sample's `expected`.
-Program i is drawn from a generator seeded by (seed, i, attempt), so the same seed gives
-byte-identical programs, and the first k programs do not depend on n_programs.
+    $ python -m codi.sources.synthetic 5 2      # print 5 programs of difficulty 2 (params.yaml's other knobs)
 """
 
 from __future__ import annotations
@@ -176,9 +166,15 @@ def _small(value: Any) -> bool:
 
 
 def _main(argv: list[str]) -> None:
+    """`python -m codi.sources.synthetic [N] [DIFFICULTY]`: N programs as params.yaml's generator draws them."""
+    from dataclasses import replace
+
+    from codi.config import load_params
+
+    shipped = load_params("params.yaml").extract.synthetic
     n = int(argv[0]) if argv else 5
-    difficulty = int(argv[1]) if len(argv) > 1 else 2
-    for prog in generate_programs(SyntheticConfig(n_programs=n, calls_per_program=2, difficulty=difficulty, seed=0)):
+    difficulty = int(argv[1]) if len(argv) > 1 else shipped.difficulty
+    for prog in generate_programs(replace(shipped, n_programs=n, difficulty=difficulty)):
         print(f"# {prog.template} (level {prog.level})\n{prog.program}" +
               "".join(f"# {c} == {r}\n" for c, r in prog.calls))
 

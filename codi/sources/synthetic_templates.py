@@ -1,19 +1,11 @@
 """Program templates of the synthetic source (`codi.sources.synthetic` draws and checks them).
 
-A template is a function `build(g: Gen) -> Draft`: the program's lines, the entry function and one
-input drawer per parameter. Each template is a family, not a text: names, constants, operators,
-comparison directions and optional statements are drawn, so one family yields thousands of
-programs. Each line does one small thing to the locals (one assignment, one append, one test),
-so a trace is a chain of local, learnable steps, while the result needs all of them.
-
-Values are small on purpose: free ints 0..max_int (SyntheticConfig.max_int), lists of 2-5 ints
-0..9, words of 1-5 letters, loops of 2-6 iterations. The generator rejects a call that grows values
-past its limits.
-
-`operators` (SyntheticConfig.operators) governs every operation a template draws: `Gen.arith`,
-the parity tests of `Gen.cond`, and the templates' own variable forms (`Gen.pick`). A template's
-fixed structure is not drawn and not governed: a loop counter's `+ 1`, an accumulator's `acc + ...`,
-a recursion's `n - 1`.
+A template is a function `build(g: Gen) -> Draft`: the program's lines, the entry function and one input
+drawer per parameter. Each is a family, not a text: names, constants, operators, comparison directions
+and optional statements are drawn. Each line does one small thing to the locals, so a trace is a chain of
+local, learnable steps. `SyntheticConfig.operators` governs every drawn operation (`Gen.arith`, the parity
+tests of `Gen.cond`, `Gen.pick`), not a template's fixed structure (a loop counter's `+ 1`).
+Values and levels: docs/ARCHITECTURE.md, "Sources".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""The trace text format (../DESIGN.md section 1): frames <-> text, both ways.
+"""The trace text format: frames <-> text, both ways (grammar: docs/ARCHITECTURE.md, "The trace format").
 
-    prompt = render_prompt(program, "f(1, 3)")
-    text = render_trace(frames)            # frames -> text (no EOS)
+    prompt = render_prompt(program, "f(1, 3)")   # <|trace_context_start|>, program, "# call: f(1, 3)", <|frame_sep|>
+    text = render_trace(frames)                  # frames -> text (no EOS)
     assert render_trace(parse_trace(text)) == text
 
-Grammar (special tokens from codi.tokens):
-
-    prompt := <|trace_context_start|> PROGRAM "\\n" "# call: " CALL "\\n" <|frame_sep|>
-    FRAME  := <|call_sep|> LOCALS <|action_sep|> LINE <|frame_sep|>
-            | <|line_sep|> LOCALS <|action_sep|> LINE <|frame_sep|>
-            | <|return_sep|> <|action_sep|> LINE <|arg_sep|> VALUE <|frame_sep|>
-            | <|exception_sep|> <|action_sep|> LINE <|arg_sep|> VALUE <|frame_sep|>
-
-LOCALS is a JSON object of reprs (".." = unchanged since the scope's previous frame), VALUE a
-JSON string holding a repr, LINE the raw source line with its "\\n". A `Frame` keeps LOCALS and
-VALUE as the exact JSON text written, which is what makes text -> frames -> text the identity.
+A `Frame` keeps LOCALS (a JSON object of reprs; ".." = unchanged since the scope's previous frame) and
+VALUE (a JSON string holding a repr) as the exact JSON text written, which is what makes
+text -> frames -> text the identity. LINE is the raw source line, its newline included.
 """
 
 from __future__ import annotations

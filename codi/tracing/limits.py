@@ -1,4 +1,4 @@
-"""Isolation primitives for the sandbox worker (Linux): namespaces' mounts, capabilities, rlimits,
+"""Isolation primitives for the sandbox worker (Linux): mounts, capabilities, rlimits, the memory cgroup,
 and the imports that must happen before a child loses the right to read the interpreter's files.
 
     from codi.tracing import limits
@@ -7,9 +7,7 @@ and the imports that must happen before a child loses the right to read the inte
     limits.apply_rlimits(limits.rlimits(sandbox_cfg, base_vm))
     limits.drop_to_uid(60123)                 # or limits.drop_capabilities() in a user namespace
 
-Used by codi.tracing.worker; nothing here runs untrusted code (import_named_modules only imports
-stdlib modules that the untrusted text names). The thin ctypes wrappers exist because the stdlib
-has no prctl, mount or capset.
+Used by codi.tracing.worker; nothing here runs untrusted code. Design: docs/ARCHITECTURE.md, "The sandbox".
 """
 
 from __future__ import annotations

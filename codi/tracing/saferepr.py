@@ -1,22 +1,12 @@
 """A size-bounded, guarded `repr` for trace values (runs inside the sandboxed child).
 
     from codi.tracing.saferepr import saferepr
-    saferepr([1, "a" * 10**7], limit=40)   # "[1, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa<cut>"
+    saferepr([1, "a" * 10**7], limit=40)   # "[1, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa<cut>"
 
-Contract, for values built of the builtin types walked here (int, float, complex, bool, None,
-str, bytes, bytearray, list, tuple, dict, set, frozenset, their subclasses that keep the builtin
-`__repr__`, deque, defaultdict, OrderedDict, Counter, namedtuples, dict views, array.array,
-exceptions): the result is `repr(x)` when that has at most `limit` characters, else its first
-`limit - len(REPR_CUT)` characters followed by `REPR_CUT`. The walk is iterative and stops as
-soon as the budget is spent, so a 10 MB string, a 10**7-element list or a 200k-deep nested list
-costs O(limit), never a full `repr` (and never a RecursionError on the caller's deep stack).
-
-Anything else is rendered by its own `__repr__`, guarded: an exception inside it becomes
-`<repr error: ValueError>` and never reaches the program; the text is then cut to the budget.
-(A `__repr__` that never returns is ended by the sandbox's wall timeout.) Memory addresses in
-such reprs (`<Foo object at 0x7f3a...>`) are replaced by `0x?` so that traces are deterministic,
-and lone surrogates are escaped so that the text is valid UTF-8. Ints over INT_MAX_BITS bits
-(whose `repr` Python itself refuses by default) are written `<int of N bits>`.
+For the builtin types it walks, the result is `repr(x)` when that has at most `limit` characters, else
+its first `limit - len(REPR_CUT)` characters followed by REPR_CUT, at O(limit) cost. Anything else uses
+its own `__repr__`, guarded (`<repr error: ValueError>`), with addresses normalised to `0x?`.
+The types and the guards: docs/ARCHITECTURE.md, "saferepr".
 """
 
 from __future__ import annotations

@@ -6,36 +6,8 @@
         for result in pool.trace(samples):         # input order, run in parallel
             text = render_trace(list(result.frames))
 
-Each worker (codi/tracing/worker.py) pre-imports the stdlib modules programs use and forks one
-child per sample: about 3 ms per small sample, against 50-60 ms for a fresh interpreter under
-the same isolation (`trace_in_fresh_interpreter`, the baseline of benchmarks/bench_sandbox.py).
-The tracer itself is codi/tracing/tracer.py; STATUSES says what each result status means. A
-sample whose worker dies is run again once on a fresh worker; a hung worker is replaced.
-
-Isolation, chosen once per pool (mode="auto" takes the first that works):
-- `namespaces` (root and util-linux `unshare`; what the pipeline uses on our machines): the
-  worker is PID 1 of fresh PID+net+IPC+UTS+mount namespaces, with its own /proc, / remounted
-  read-only, private tmpfs /tmp and /dev/shm, an empty capability bounding set and no_new_privs.
-  Each sample's child drops to the worker's own unprivileged uid (one per worker, so a fork
-  bomb's RLIMIT_NPROC cannot starve another worker), holds no capabilities, gets rlimits (CPU,
-  address space = the worker's footprint + memory_mb, FSIZE, NPROC, CORE=0, NOFILE), a memory
-  cgroup bounding all its processes together to memory_mb (+64 MB of pages copied from the
-  worker; cgroup v1, under our own cgroup, where writable: the isolation line says whether) and
-  a private temp cwd; after it, kill(-1) ends whatever it left. The interpreter lives under /root (mode
-  700), so the child can neither exec python nor import a module the worker has not imported:
-  the worker pre-imports a generous stdlib list and the child imports the stdlib modules its
-  program names before it drops privileges. Third-party packages are never importable (the
-  worker runs with -S), in every mode alike.
-- `userns` (not root, unprivileged user namespaces allowed): the same namespaces and mounts inside
-  a user namespace, $HOME hidden too, every capability dropped; the child keeps your uid, so
-  files outside $HOME and /tmp that you can read stay readable (nothing is writable).
-- `process` (nothing else works): rlimits, own session, descendants killed; as root also the
-  per-worker uid (so no file access beyond world-readable), but no network isolation.
-bubblewrap is not used: the modes above need nothing beyond util-linux and cover what it would.
-
-Determinism: PYTHONHASHSEED=0 in every worker, `random` reseeded per sample, memory addresses in
-reprs normalised (saferepr). Not normalised: values a program computes from ids, pids, uids or
-the clock.
+Isolation: `namespaces` (root), `userns` (unprivileged user namespaces) or `process`, the first that works;
+STATUSES says what each result status means. Modes, limits, faults: docs/ARCHITECTURE.md, "The sandbox".
 """
 
 from __future__ import annotations

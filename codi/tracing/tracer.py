@@ -3,42 +3,10 @@
     (in the child, once the sandbox is set up by codi.tracing.worker)
     run_sample(job, fd, flush_output)   # never returns: streams the events to fd, then os._exit
 
-Order: the program is compiled as "<program>" and executed in a fresh module named `program`
-(so `if __name__ == "__main__":` blocks do not run), then `setup` ("<setup>"), then the arguments
-of `call` (a plain call `name(args...)`, parsed with `ast`) are evaluated untraced; then the entry
-function is called under `sys.settrace`. Only code objects compiled from "<program>" are traced:
-every function, lambda, comprehension, generator and class body the program defines, nested
-calls and recursion included; library and builtin frames are not.
-
-Events (frames of codi.tracing.format):
-- call: a frame starts. LOCALS = its locals at entry (the arguments); SOURCE_LINE = the line it
-  starts on (the `def` line for functions, also decorated ones). A generator *resume* is a call
-  frame too, with its current locals and the line it resumes on (the `yield` line).
-- line: a line is about to run; LOCALS are captured before it runs (settrace's 'line' event).
-- return: the frame returns; SOURCE_LINE = the returning line, VALUE = repr of the value. A
-  generator's `yield` is a return frame whose VALUE is the yielded value.
-- exception: the frame exits by an exception (also a generator closed by GeneratorExit);
-  VALUE = repr of the exception. Exceptions caught inside a frame produce no frame.
-Recording stops at the entry call's own exit frame, so the last frame carries the answer
-(generators finalised afterwards are not traced). Locals are in f_locals order, implementation
-names (`.0`, a class body's `__module__`/`__qualname__`) dropped; reprs come from
-codi.tracing.saferepr. The diff encoding ("..") is applied by the worker, which knows the scope
-(`sid`: one per call frame, so a recursive call or a resumed generator starts afresh).
-
-Honesty: every way the trace can silently lose events is turned into status `incomplete` with a
-reason: the tracer removed or replaced (`sys.settrace`, seen by an audit hook and by checking
-`sys.gettrace()` at the end; a RecursionError raised while entering the trace function removes
-it too), `frame.f_trace` cleared or `f_trace_lines` turned off (events out of order, frames that
-never exit), a RecursionError anywhere (the tracer's own frames count against the limit), a
-thread or a process started (only this thread is traced: threads are flagged, not traced), the
-process ending before the end record (`os._exit`; the worker sees no end marker). A forged
-stream written by a hostile program is not defended against beyond the worker's checks.
-
-Stream (read by codi.tracing.worker.parse_stream): batches `B<pid>,<nbytes>;<records>`, each one
-os.write, records being comma-separated ASCII JSON arrays: `["c"|"l", sid, lineno, name, repr,
-...]`, `["r"|"x", sid, lineno, repr]`, `["E", status, reason]` (the end marker), `["M", "1"|"0"|""]`
-(the expected-value comparison, made after the end marker is written, so that a user `__eq__`
-that hangs or crashes cannot cost the trace). The worker parses a batch with one json.loads.
+Only code compiled from the program ("<program>") is traced: call, line (locals before the line runs),
+return and exception events, up to the entry call's own exit. Every way the trace could silently lose
+events (sys.settrace, f_trace cleared, a RecursionError, a thread or process, os._exit) makes it
+`incomplete` with a reason. Events, guards, stream format: docs/ARCHITECTURE.md, "The guarded tracer".
 """
 
 from __future__ import annotations
@@ -72,7 +40,7 @@ RETURN_OPS = frozenset(opcode.opmap[n] for n in ("RETURN_VALUE", "RETURN_CONST",
 CO_NEWLOCALS = 0x0002
 CO_NOT_PLAIN = 0x0020 | 0x0080 | 0x0100 | 0x0200  # generator, coroutine, iterable coroutine, async gen
 BATCH_CHARS = 1 << 15
-# audit event -> flag; the flags make the result `incomplete` (see the module docstring)
+# audit event -> flag; the flags make the result `incomplete` (docs/ARCHITECTURE.md, "The guarded tracer")
 _WATCHED = {
     "sys.settrace": "settrace", "_thread.start_new_thread": "thread",
     "os.fork": "process", "os.forkpty": "process", "os.posix_spawn": "process", "os.spawn": "process",
@@ -154,7 +122,7 @@ def end_record(status: str, reason: str) -> str:
 
 
 class Tracer:
-    """The trace functions and their state; see the module docstring for the events."""
+    """The trace functions and their state; the events: docs/ARCHITECTURE.md, "The guarded tracer"."""
 
     def __init__(self, sink: Sink, max_frames: int, limit: int, def_lines: dict[int, int],
                  on_truncate) -> None:

@@ -2,23 +2,11 @@
 
     python -m codi.tracing.worker [--once]   # started by codi.tracing.sandbox, never by hand
 
-Protocol on stdin/stdout: messages framed as an 8-digit hex length + UTF-8 JSON. The parent
-sends `init` (mode, uid, configs), the worker answers `ready` (what isolation it set up), then
-each `run` (one sample) is answered by its result. EOF on stdin ends the worker; `--once` ends it
-after one sample (the fresh-interpreter baseline).
-
-Per sample the worker (root inside fresh PID/net/IPC/UTS/mount namespaces in the `namespaces`
-mode, see codi.tracing.sandbox) creates a private temp dir, forks; the child starts a session,
-points fd 0 at /dev/null and fds 1/2 at an output pipe, keeps only the event pipe (fd 3), imports
-the stdlib modules the program names (while it still can: the interpreter lives under /root, mode
-700), sets rlimits, joins the worker's memory cgroup (when the parent made one), drops to the
-worker's own uid (or drops every capability in a user namespace), and runs
-codi.tracing.tracer.run_sample. The worker reads both pipes under the wall
-timeout (output beyond `max_output_bytes` is read and discarded, so a flood neither blocks nor
-fills memory), then kills everything the sample left (kill(-1) as PID 1 of the namespace, or by
-uid / by walking its descendants), reaps, removes the temp dir, parses the event stream, applies
-the ".." diff encoding and classifies the run. A fault of its own (leftovers it cannot kill, a
-temp dir it cannot remove) makes it answer and exit, so that the parent starts a fresh one.
+Protocol on stdin/stdout: 8-digit hex length + UTF-8 JSON messages; `init` -> `ready`, then one `run` per
+sample answered by its result; EOF ends the worker, `--once` ends it after one sample. Per sample it forks
+a child that sets up its sandbox and runs codi.tracing.tracer.run_sample, reads its pipes under the wall
+timeout, kills what the sample left, parses the stream, applies the ".." diff and classifies the run.
+Design: docs/ARCHITECTURE.md, "The sandbox".
 """
 
 from __future__ import annotations
