@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from codi.files import write_json
 from codi.modeling.latent import build_projector
 from codi.modeling.model import CodiModel
 from codi.tokens import TraceTokenIds, token_ids
@@ -83,9 +84,7 @@ def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra
         "teacher_ce_weight": model.teacher_ce_weight, "student_ce_weight": model.student_ce_weight,
         "kd_weight": model.kd_weight, "token_ids": model.token_ids.as_dict(), "extra": extra,
     }
-    tmp = out / (CODI_CONFIG + ".tmp")
-    tmp.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    tmp.replace(out / CODI_CONFIG)  # written last: its presence marks a complete folder
+    write_json(out / CODI_CONFIG, cfg, sort_keys=True)  # written last: its presence marks a complete folder
     return out
 
 
