@@ -5,8 +5,9 @@
     $ python -m pipelines serve [--cron "0 3 * * *"] [--repo PATH]
 
 `run` and `experiments` are one flow run each, in this process. With PREFECT_API_URL set they are recorded by
-that server (about 3 s of overhead); without it Prefect starts a temporary server (about 20 s). The same
-pipeline runs without Prefect at all: `dvc repro`.
+that server (about 3 s of overhead); without it Prefect starts a temporary server (about 20 s; the first time
+on an empty PREFECT_HOME, up to a minute). The same pipeline runs without Prefect at all: `dvc repro`.
+The user guide: docs/ORCHESTRATION.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""DVC as subprocesses: the stage order, `dvc repro` / `dvc exp run` with their output streamed, and the
-failure classification the flows retry on. Imports no Prefect (the flows wrap it).
+"""DVC for the flows: the stage graph and experiment rows from DVC's Python API, `dvc repro` / `dvc exp run` as
+subprocesses with their output streamed, and the failure classification the flows retry on. No Prefect here.
 
     from pipelines.dvc import stage_order, run_stage
     for stage in stage_order(repo):                  # dvc.yaml's stages, upstream first
         run_stage(repo, stage, on_line=print)        # raises StageFailed(stage, exit_code, tail, transient)
 
-Every DVC command runs through pipelines.process.run_streaming: in a process group of its own that is
-killed as a whole on every exit path (killing `dvc` alone leaves the stage command running).
+Every DVC command runs through pipelines.process.run_streaming, in a process group of its own that is killed as
+a whole on every exit path (killing `dvc` alone leaves the stage command running), and waits for the repo lock.
 """
 
 from __future__ import annotations
@@ -18,21 +18,27 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines.process import MESSAGE_LINES, LineCallback, ProcessTimeout, RunResult, last_lines, run_streaming
+import networkx as nx
+import yaml
+
+from codi.config import ConfigError, flatten
+from pipelines.process import LineCallback, ProcessTimeout, RunResult, last_lines, run_streaming
 
 __all__ = ["LineCallback", "ProcessTimeout", "RunResult", "StageFailed", "StageRun", "check", "comparison_rows",
-           "dvc_command", "run_dvc", "exp_show", "expand_grid", "experiment_name", "flatten", "format_value", "is_transient",
-           "lookup", "parse_dot", "run_experiment", "run_stage", "stage_exit_code", "stage_order",
-           "subprocess_env", "topological_order"]
+           "dvc_command", "exp_show", "expand_grid", "experiment_name", "format_value", "is_transient", "lookup",
+           "metric_keys", "run_dvc", "run_experiment", "run_stage", "stage_edges", "stage_exit_code", "stage_graph",
+           "stage_order", "subprocess_env"]
 
-# Output that marks a failure as transient: worth a retry after a delay. Matched case-insensitively.
+# Output that marks a failure as transient: worth a retry after a delay. Matched case-insensitively. DVC's repo
+# lock is not here: every command waits for it (`dvc --wait-for-lock`).
 TRANSIENT_PATTERNS = (
-    "unable to acquire lock",               # another DVC process holds the repo lock (DVC gives up after ~3 s)
-    "it is being blocked by",               # ... or the rwlock of an output this stage reads or writes
+    # DVC lets go of the repo lock while a stage's command runs and guards that stage's deps and outs with locks
+    # of their own, which --wait-for-lock does not wait for: another DVC process that touches them fails at once.
+    "it is being blocked by",
     "temporary failure in name resolution",  # hub downloads of a non-default `model.base`
     "connection reset by peer",
     "read timed out",
@@ -44,8 +50,6 @@ TRANSIENT_PATTERNS = (
 TRANSIENT_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP})
 
 _EXITED_WITH = re.compile(r"exited with (-?\d+)")
-_DOT_EDGE = re.compile(r'^\s*"((?:[^"\\]|\\.)*)"\s*->\s*"((?:[^"\\]|\\.)*)"\s*;?\s*$')
-_DOT_NODE = re.compile(r'^\s*"((?:[^"\\]|\\.)*)"\s*;?\s*$')
 
 
 # ------------------------------------------------------------------------------------- errors
@@ -60,8 +64,7 @@ class StageFailed(RuntimeError):
     def __str__(self) -> str:
         how = _describe_exit(self.exit_code)
         why = "transient, may be retried" if self.transient else "deterministic, not retried"
-        label = "output" if self.kind == "command" else "last lines"
-        return f"{self.kind} '{self.stage}' failed with {how} ({why}){last_lines(self.tail, label)}"
+        return f"{self.kind} '{self.stage}' failed with {how} ({why}){last_lines(self.tail)}"
 
 
 def _describe_exit(code: int) -> str:
@@ -71,7 +74,6 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             return f"exit code {code} (killed by signal {-code})"
     return f"exit code {code}"
-
 
 
 # ------------------------------------------------------------------------------ environment
@@ -92,14 +94,14 @@ def subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def dvc_command(*args: str) -> list[str]:
-    """`dvc ARGS` run by this interpreter's DVC (no dependency on a `dvc` on PATH)."""
-    return [sys.executable, "-m", "dvc", *args]
+    """`dvc ARGS` run by this interpreter's DVC (no dependency on a `dvc` on PATH). `--wait-for-lock`: another
+    DVC process at work in the repo (a second run, `dvc status`) makes this one wait, not fail after 3 s."""
+    return [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
 
 
 def run_dvc(args: Sequence[str], repo: str | Path, on_line: LineCallback, timeout_s: float | None, what: str) -> RunResult:
     """`dvc ARGS` in `repo` with the subprocess environment, streamed (see pipelines.process)."""
     return run_streaming(dvc_command(*args), repo, on_line, timeout_s, env=subprocess_env(), what=what)
-
 
 
 # ---------------------------------------------------------------------------- classification
@@ -114,8 +116,8 @@ def stage_exit_code(result: RunResult) -> int:
 
 
 def is_transient(exit_code: int, tail: Sequence[str]) -> bool:
-    """True for failures a retry can fix: DVC lock contention, a kill from outside (OOM killer, shutdown),
-    a network hiccup. A Python traceback that exits 1, a missing dependency, a bad param: deterministic."""
+    """True for failures a retry can fix: a kill from outside (OOM killer, shutdown), a path busy in another DVC
+    process, a network hiccup. A Python traceback that exits 1, a missing dependency, a bad param: deterministic."""
     if exit_code < 0 and -exit_code in TRANSIENT_SIGNALS:
         return True
     if exit_code > 128 and exit_code - 128 in TRANSIENT_SIGNALS:   # a shell reports its killed child as 128+N
@@ -132,76 +134,42 @@ def check(result: RunResult, name: str, kind: str = "stage") -> None:
 
 
 # ------------------------------------------------------------------------------------ the DAG
-def parse_dot(text: str) -> tuple[list[str], list[tuple[str, str]]]:
-    """Nodes (in order of appearance) and edges of `dvc dag --dot` output."""
-    nodes: list[str] = []
-    edges: list[tuple[str, str]] = []
+def stage_graph(repo: str | Path) -> nx.DiGraph:
+    """The pipeline as DVC resolves it (deps matched to outs, foreach/matrix, templating, wdir, every dvc.yaml):
+    one node per stage with a command, named as `dvc repro` takes it (`name`, `sub/dvc.yaml:name`), in dvc.yaml
+    order; an edge runs from a stage to one that depends on it. Data sources (.dvc files) are left out.
+    A dvc.yaml that DVC refuses (syntax, a cycle, two stages writing one path) raises ConfigError."""
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+    from dvc.stage import PipelineStage
 
-    def add(n: str) -> None:
-        if n not in nodes:
-            nodes.append(n)
-
-    for line in text.splitlines():
-        if m := _DOT_EDGE.match(line):
-            a, b = (json.loads(f'"{g}"') for g in m.groups())
-            add(a), add(b)
-            edges.append((a, b))
-        elif m := _DOT_NODE.match(line):
-            add(json.loads(f'"{m.group(1)}"'))
-    return nodes, edges
-
-
-def topological_order(nodes: Sequence[str], edges: Iterable[tuple[str, str]], rank: Callable[[str], Any] = lambda n: 0) -> list[str]:
-    """Kahn's algorithm; among stages ready at the same time the lowest `rank` goes first (dvc.yaml order),
-    so the order is deterministic. A cycle (DVC refuses those) raises ValueError."""
-    order_of = {n: i for i, n in enumerate(nodes)}
-    parents: dict[str, set[str]] = {n: set() for n in nodes}
-    children: dict[str, set[str]] = {n: set() for n in nodes}
-    for a, b in edges:
-        parents.setdefault(b, set()).add(a)
-        children.setdefault(a, set()).add(b)
-        parents.setdefault(a, set())
-        children.setdefault(b, set())
-    key = lambda n: (rank(n), order_of.get(n, len(order_of)), n)  # noqa: E731
-    ready = sorted((n for n, ps in parents.items() if not ps), key=key)
-    out: list[str] = []
-    while ready:
-        n = ready.pop(0)
-        out.append(n)
-        for c in children[n]:
-            parents[c].discard(n)
-            if not parents[c]:
-                ready.append(c)
-        ready.sort(key=key)
-    if len(out) != len(parents):
-        raise ValueError(f"dependency cycle among stages {sorted(set(parents) - set(out))}")
-    return out
-
-
-def _dvc_yaml_rank(repo: Path) -> Callable[[str], int]:
-    """Rank of a stage = position of its name (`name@key` for foreach/matrix stages) in dvc.yaml."""
-    import yaml
-
+    root = Path(repo).resolve()
     try:
-        stages = list((yaml.safe_load((repo / "dvc.yaml").read_text()) or {}).get("stages") or {})
-    except (OSError, yaml.YAMLError):
-        stages = []
-    pos = {name: i for i, name in enumerate(stages)}
-    return lambda n: pos.get(n.split("@", 1)[0], len(pos))
+        with Repo(str(root)) as dvc_repo:      # an explicit root: the API resolves paths against it, not the cwd
+            index = dvc_repo.index
+            stages = [s for s in index.stages if isinstance(s, PipelineStage) and s.cmd]
+            stages.sort(key=lambda s: s.path_in_repo != "dvc.yaml")    # the root dvc.yaml first, stable
+            name = {s: s.name if s.path_in_repo == "dvc.yaml" else f"{s.path_in_repo}:{s.name}" for s in stages}
+            graph = nx.DiGraph()
+            graph.add_nodes_from(name.values())
+            # DVC's edges point from a stage to the stage it depends on.
+            graph.add_edges_from((name[b], name[a]) for a, b in index.graph.edges if a in name and b in name)
+    except DvcException as e:
+        raise ConfigError(f"{root}: DVC cannot read the pipeline: {e}") from None
+    return graph
+
+
+def stage_edges(repo: str | Path) -> list[tuple[str, str]]:
+    """(upstream, downstream) for every dependency between two stages of the pipeline."""
+    return list(stage_graph(repo).edges)
 
 
 def stage_order(repo: str | Path, on_line: LineCallback | None = None) -> list[str]:
-    """The stages of the repo's pipeline, each after everything it depends on.
-
-    The edges come from `dvc dag --dot`, i.e. from DVC itself (deps matched to outs, directories, foreach
-    stages, templating and `wdir` all as DVC resolves them); ties follow dvc.yaml's order."""
-    repo = Path(repo)
-    lines: list[str] = []
-    result = run_dvc(["dag", "--dot"], repo, lines.append, timeout_s=120, what="dvc dag")
-    if result.returncode != 0:     # DVC says what is wrong with dvc.yaml first: keep the head of its output
-        raise StageFailed("dvc dag", result.returncode, tuple(lines[:MESSAGE_LINES]), False, kind="command")
-    nodes, edges = parse_dot("\n".join(lines))
-    order = topological_order(nodes, edges, _dvc_yaml_rank(repo))
+    """The stages of the repo's pipeline, each after everything it depends on; among stages that could run at
+    the same point, dvc.yaml's order (deterministic)."""
+    graph = stage_graph(repo)
+    rank = {n: i for i, n in enumerate(graph)}
+    order = list(nx.lexicographical_topological_sort(graph, key=rank.__getitem__))
     if on_line:
         on_line("stages in DAG order: " + " -> ".join(order))
     return order
@@ -284,27 +252,31 @@ def run_experiment(repo: str | Path, overrides: Mapping[str, Any], name: str, on
     return result
 
 
-def exp_show(repo: str | Path, timeout_s: float = 300) -> list[dict[str, Any]]:
-    """`dvc exp show --json`: the workspace, the baseline commit and its experiments."""
-    lines: list[str] = []
-    result = run_dvc(["exp", "show", "--json"], repo, lines.append, timeout_s, what="dvc exp show")
-    if result.returncode != 0:
-        raise StageFailed("dvc exp show", result.returncode, tuple(lines[:MESSAGE_LINES]), False, kind="command")
-    text = "\n".join(lines)
-    start = text.find("[")     # DVC may print a warning before the JSON
+def exp_show(repo: str | Path) -> list[dict[str, Any]]:
+    """DVC's experiment rows (`dvc.api.exp_show`): one flat row per baseline and experiment of HEAD, with
+    "Experiment" (name), "rev", "typ", ..., then every metric, param and dep as a column (named `key`, or
+    `file:key` where two files share a key). DVC gives numbers as floats, other values as text, None if absent."""
+    import dvc.api
+    from dvc.exceptions import DvcException
+
+    root = Path(repo).resolve()
     try:
-        return json.loads(text[start:] if start >= 0 else text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"dvc exp show --json printed something that is not JSON ({e}): {text[:300]!r}") from None
+        return dvc.api.exp_show(repo=str(root))
+    except DvcException as e:
+        raise RuntimeError(f"{root}: DVC cannot list the experiments: {e}") from None
 
 
-def iter_experiments(show: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(name, data) of every experiment in `dvc exp show --json` output."""
-    for baseline in show:
-        for exp in baseline.get("experiments") or ():
-            for rev in exp.get("revs") or ():
-                if rev.get("data") is not None:
-                    yield rev.get("name") or exp.get("name") or rev.get("rev", "")[:7], rev["data"]
+def metric_keys(repo: str | Path, metrics_file: str, rev: str) -> list[str]:
+    """The flattened keys of `metrics_file` (relative to the repo root) at `rev` (an experiment's name);
+    [] if it has none there."""
+    import dvc.api
+    from dvc.exceptions import DvcException
+
+    try:
+        data = yaml.safe_load(dvc.api.read(metrics_file, repo=str(Path(repo).resolve()), rev=rev))
+    except (DvcException, OSError, yaml.YAMLError):
+        return []
+    return list(flatten(data)) if isinstance(data, dict) else []
 
 
 def lookup(data: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
@@ -320,37 +292,26 @@ def lookup(data: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     return cur
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """{"latent": {"acc": 1}} -> {"latent.acc": 1}; lists stay values."""
-    if not isinstance(data, Mapping):
-        return {prefix: data} if prefix else {}
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, Mapping) else {f"{prefix}{k}": v})
-    return {k.rstrip("."): v for k, v in out.items()}
-
-
-def param_value(params: Mapping[str, Any], key: str) -> Any:
-    """The value of `key` ("gamma", or "file.yaml:key") in exp show's params block."""
-    file, _, dotted = key.rpartition(":") if ":" in key else ("params.yaml", "", key)
-    return lookup((params.get(file) or {}).get("data") or {}, dotted)
+def _column(row: Mapping[str, Any], file: str, key: str) -> Any:
+    """exp_show's value of `key` from `file`: its column is `file:key` where another file has the key too."""
+    return row.get(f"{file}:{key}", row.get(key))
 
 
 def comparison_rows(show: Sequence[Mapping[str, Any]], names: Sequence[str], param_keys: Sequence[str],
-                    metrics_file: str) -> list[dict[str, Any]]:
-    """One row per named experiment, in the order of `names`: name, the overridden params (as DVC recorded
-    them), then the flattened metrics of `metrics_file` only (not every metric and dep of the project)."""
-    found = {name: data for name, data in iter_experiments(show) if name in names}
+                    metrics_file: str, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per named experiment found in exp_show's rows, in the order of `names`: name, the overridden
+    params (as DVC recorded them; "gamma" or "file.yaml:key"), then the metrics `keys` of `metrics_file` only
+    (not every metric and dep of the project)."""
+    found = {row.get("Experiment"): row for row in show if row.get("Experiment") in names}
     rows: list[dict[str, Any]] = []
     for name in names:
-        data = found.get(name)
-        if data is None:
+        if name not in found:
             continue
+        data = found[name]
         row: dict[str, Any] = {"experiment": name}
         for key in param_keys:
-            row[key] = param_value(data.get("params") or {}, key)
-        metrics = ((data.get("metrics") or {}).get(metrics_file) or {}).get("data")
-        row.update(flatten(metrics or {}))
+            file, _, dotted = key.rpartition(":") if ":" in key else ("params.yaml", "", key)
+            row[key] = _column(data, file, dotted)
+        row.update({k: _column(data, metrics_file, k) for k in keys})
         rows.append(row)
     return rows
-

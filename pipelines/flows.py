@@ -9,16 +9,12 @@ and what is cached stays with DVC (two caches would disagree), so every stage is
     pipeline(repo=".")                                 # stage summaries + metrics/eval.json's content
     experiments(grid={"gamma": [0.5, 2.0]})            # one row per experiment
 
-`pipeline`: the stages of dvc.yaml in DAG order, one task each; a stage that fails transiently (DVC lock
-contention, killed from outside, a network hiccup; see pipelines.dvc.is_transient) is retried
-`pipeline.retries` times after `pipeline.retry_delay_s` (params.yaml, overridable per run), a deterministic
-failure (a traceback) is not; the flow then fails naming the stage and its exit code, and no later stage runs.
-After the last stage it publishes metrics/eval.md (markdown), metrics/eval.json (table) and the list of
-plots/**/*.png as artifacts; a missing file is a warning, not a failure.
+Stages, retries, artifacts and where to see them: docs/ORCHESTRATION.md.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -26,21 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
+                               update_progress_artifact)
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.runtime import flow_run as runtime_flow_run
 
-from codi.config import ConfigError, PipelineConfig, build, read_yaml
+from codi.config import ConfigError, PipelineConfig, build, flatten, read_yaml
 from pipelines import dvc
 
 EVAL_JSON = "metrics/eval.json"
 EVAL_MD = "metrics/eval.md"
 PLOTS_DIR = "plots"
+ARTIFACT_PROGRESS = "codi-progress"
 ARTIFACT_EVAL_MD = "codi-eval"
 ARTIFACT_EVAL_TABLE = "codi-eval-table"
 ARTIFACT_PLOTS = "codi-plots"
 ARTIFACT_EXPERIMENTS = "codi-experiments"
+MAX_EMBEDDED_PNG_BYTES = 2 * 1024 * 1024     # a larger plot is named, not embedded (the UI loads it every time)
 
 
 # ------------------------------------------------------------------------------------ config
@@ -95,10 +94,10 @@ def eval_table(data: Any) -> list[dict[str, Any]]:
     """metrics/eval.json as table rows: one row per top-level mapping (a mode, a split: `name` column, nested
     keys flattened to `a.b`), the top-level scalars (retention, compression, ...) in a last row `summary`;
     every row has every column (None where a row has no value)."""
-    if not isinstance(data, Mapping):
+    if not isinstance(data, dict):
         return [{"name": "value", "value": data}]
-    rows = [{"name": str(k), **dvc.flatten(v)} for k, v in data.items() if isinstance(v, Mapping)]
-    scalars = {k: v for k, v in data.items() if not isinstance(v, Mapping)}
+    rows = [{"name": str(k), **flatten(v)} for k, v in data.items() if isinstance(v, dict)]
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
     if scalars:
         rows.append({"name": "summary", **scalars})
     return _same_columns(rows)
@@ -112,14 +111,23 @@ def _same_columns(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plots_markdown(root: Path, plots: Sequence[Path]) -> str:
-    """A markdown list of the plot files, relative to the repo and absolute (the UI cannot show local files)."""
+    """Markdown that shows each PNG, embedded as a data URI (the UI cannot read files on this machine), under
+    its path relative to the repo; one over MAX_EMBEDDED_PNG_BYTES is named with its absolute path instead."""
     lines = [f"# Plots of `{root}`", ""]
-    lines += [f"- `{p.relative_to(root)}`: `{p}`" for p in plots]
-    return "\n".join(lines) + "\n"
+    for p in plots:
+        rel = p.relative_to(root)
+        lines += [f"## {rel}", ""]
+        data = p.read_bytes()
+        if len(data) > MAX_EMBEDDED_PNG_BYTES:
+            lines += [f"`{p}` ({len(data) / 2**20:.1f} MiB: too large to embed)", ""]
+        else:
+            lines += [f"![{rel}](data:image/png;base64,{base64.b64encode(data).decode('ascii')})", ""]
+    return "\n".join(lines)
 
 
 def publish_eval(root: Path) -> list[str]:
-    """Publish eval.md, eval.json and the plots as artifacts; warn about what is missing. Returns their keys."""
+    """Publish eval.md, eval.json (a table) and the plots (images) as artifacts; warn about what is missing.
+    Returns their keys."""
     logger = get_run_logger()
     published = []
     md = root / EVAL_MD
@@ -149,11 +157,32 @@ def publish_eval(root: Path) -> list[str]:
     return published
 
 
+class Progress:
+    """The flow run's progress artifact: "stage k of n", updated as each stage finishes."""
+
+    def __init__(self, stages: Sequence[str]) -> None:
+        self.stages, self.done = list(stages), 0
+        n = len(self.stages)
+        what = f"0 of {n} stages done; next: {self.stages[0]}" if n else "no stages in dvc.yaml"
+        self.id = create_progress_artifact(0.0 if n else 100.0, key=ARTIFACT_PROGRESS, description=what)
+
+    def finished(self, stage: str, status: str) -> None:
+        self.done += 1
+        k, n = self.done, len(self.stages)
+        what = f"stage {k} of {n} done: {stage} ({status})" + (f"; next: {self.stages[k]}" if k < n else "")
+        update_progress_artifact(self.id, 100.0 * k / n, description=what)
+
+    def failed(self, stage: str) -> None:
+        k, n = self.done + 1, len(self.stages)
+        update_progress_artifact(self.id, 100.0 * self.done / n, description=f"stage {k} of {n} failed: {stage}")
+
+
 # --------------------------------------------------------------------------------------- flows
 @flow(name="codi-pipeline")
 def pipeline(repo: str = ".", retries: int | None = None, retry_delay_s: float | None = None,
              stage_timeout_s: float | None = None) -> dict[str, Any]:
-    """Run every DVC stage of `repo` in DAG order (DVC skips what is up to date), then publish the evaluation.
+    """Run every DVC stage of `repo` in DAG order (DVC skips what is up to date), with a progress artifact, then
+    publish the evaluation.
 
     Args:
         repo: the project root (holds dvc.yaml and params.yaml).
@@ -165,8 +194,16 @@ def pipeline(repo: str = ".", retries: int | None = None, retry_delay_s: float |
     cfg = pipeline_config(root, retries, retry_delay_s)
     stages = dvc.stage_order(root, on_line=get_run_logger().info)
     run = dvc_stage.with_options(retries=cfg.retries, retry_delay_seconds=cfg.retry_delay_s)
-    done = [run(str(root), stage, stage_timeout_s) for stage in stages]
-    artifacts = publish_eval(root)
+    progress = Progress(stages)
+    done = []
+    for stage in stages:
+        try:
+            done.append(run(str(root), stage, stage_timeout_s))
+        except Exception:      # not on a cancellation or Ctrl-C (BaseException): no API call on the way out
+            progress.failed(stage)
+            raise
+        progress.finished(stage, done[-1]["status"])
+    artifacts = [ARTIFACT_PROGRESS, *publish_eval(root)]
     js = root / EVAL_JSON
     return {"repo": str(root), "stages": done, "artifacts": artifacts,
             "eval": json.loads(js.read_text()) if ARTIFACT_EVAL_TABLE in artifacts else None}
@@ -212,7 +249,12 @@ def experiments(grid: dict[str, list[Any]], repo: str = ".", metrics_file: str =
         if not state.is_completed():
             exc = state.result(raise_on_failure=False)
             failed[name] = exc if isinstance(exc, BaseException) else RuntimeError(str(state.message))
-    found = {r["experiment"]: r for r in dvc.comparison_rows(dvc.exp_show(root), names, list(grid), metrics_file)}
+    keys: list[str] = []     # the metrics of metrics_file, in the order the experiments wrote them
+    for name in names:
+        if name not in failed:
+            keys += [k for k in dvc.metric_keys(root, metrics_file, name) if k not in keys]
+    show = dvc.comparison_rows(dvc.exp_show(root), names, list(grid), metrics_file, keys)
+    found = {r["experiment"]: r for r in show}
     rows = []
     for point, name in zip(points, names):
         exc = failed.get(name)

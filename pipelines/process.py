@@ -54,10 +54,10 @@ class ProcessTimeout(TimeoutError):
         return f"{self.what} timed out after {self.timeout_s:g} s and was killed{last_lines(self.tail)}"
 
 
-def last_lines(tail: Sequence[str], label: str = "last lines") -> str:
+def last_lines(tail: Sequence[str]) -> str:
     """' (last lines: a | b | c)' for an error message; "" if there are none."""
     shown = [line for line in tail if line.strip()][-MESSAGE_LINES:]
-    return (f" ({label}: " + " | ".join(s.strip() for s in shown) + ")") if shown else ""
+    return (" (last lines: " + " | ".join(s.strip() for s in shown) + ")") if shown else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,14 @@
 """The served deployments: the pipeline on a cron schedule (params.yaml `pipeline.cron` unless --cron),
-the experiments on demand. Needs a real Prefect server for the schedule to fire (not the temporary one):
+the experiments on demand. The schedule fires only on a real Prefect server (the steps on any port, and why
+PREFECT_API_URL comes before the server starts: docs/ORCHESTRATION.md):
 
-    $ prefect server start --host 127.0.0.1 &                  # UI and API on http://127.0.0.1:4200
-    $ export PREFECT_API_URL=http://127.0.0.1:4200/api
+    $ export PREFECT_API_URL=http://127.0.0.1:4200/api PREFECT_SERVER_ANALYTICS_ENABLED=false
+    $ prefect server start --host 127.0.0.1 &                  # its UI calls the PREFECT_API_URL it started with
     $ python -m pipelines serve [--cron "0 3 * * *"] [--repo PATH]
     $ prefect deployment run codi-pipeline/scheduled            # or "Run" in the UI
 
-`prefect.serve` runs each flow run in a subprocess of this process, one at a time; stop it with Ctrl-C (the
-schedules are paused on shutdown and resume when it is served again). The cron schedule is in UTC.
+`prefect.serve` runs each flow run in a subprocess of this process, one at a time; stop it with Ctrl-C or
+SIGTERM (its schedules are paused on the way out and resume when served again). The cron schedule is in UTC.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def serve(repo: str | Path = ".", cron: str | None = None) -> None:
     deployments = build_deployments(repo, cron)
     if not os.environ.get("PREFECT_API_URL") and not _profile_api_url():
         print("warning: PREFECT_API_URL is not set: serving against a temporary server that the UI cannot see "
-              "and that never fires the schedule; start `prefect server start --host 127.0.0.1` and export "
-              "PREFECT_API_URL=http://127.0.0.1:4200/api")
+              "and that never fires the schedule; start a Prefect server first (docs/ORCHESTRATION.md, "
+              "'Serve it, see it, trigger it')")
     # One flow run at a time: both flows work in the same repo, and two DVC processes there contend for its
     # lock. A run that fires while another is in progress waits for the slot instead of failing.
     prefect_serve(*deployments, limit=1)

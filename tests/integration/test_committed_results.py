@@ -51,12 +51,12 @@ def test_stale_entries_are_params_code_and_edited_metrics_not_missing_outputs():
 
 
 def dvc_status(root: Path, wait_s: float = 300.0) -> dict:
-    """`dvc status --json` of `root`; retried while it fails transiently (another DVC process holds the lock)."""
+    """`dvc status --json` of `root`. It waits for the repo lock (`dvc --wait-for-lock`); while a `dvc repro`
+    there runs a stage, that stage's paths are busy (a lock --wait-for-lock does not wait for): retry then."""
     deadline = time.monotonic() + wait_s
     while True:
         proc = subprocess.run(dvc_command("status", "--json"), cwd=root, capture_output=True, text=True,
-                              env=subprocess_env(), timeout=120)
-        # the pipelines' own rule: DVC lock contention is transient (so is the rest of its list)
+                              env=subprocess_env(), timeout=wait_s)
         if proc.returncode and is_transient(proc.returncode, [proc.stderr]) and time.monotonic() < deadline:
             time.sleep(2.0)
             continue

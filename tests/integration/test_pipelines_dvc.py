@@ -1,4 +1,4 @@
-"""pipelines/ against real DVC behaviour that takes seconds to show (lock contention, staleness, a served
+"""pipelines/ against real DVC behaviour that takes seconds to show (a held repo lock, staleness, a served
 deployment on a real Prefect server). Slow: `pytest -m slow tests/integration/test_pipelines_dvc.py`."""
 
 from __future__ import annotations
@@ -33,22 +33,41 @@ def hold_dvc_lock(root: Path, seconds: float) -> threading.Thread:
     return thread
 
 
-def test_real_lock_contention_is_transient(tmp_path: Path) -> None:
+def test_a_held_repo_lock_is_waited_for(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p", {"extract": DAG_STAGES["extract"]})
-    holder = hold_dvc_lock(root, 5)
-    with pytest.raises(dvc.StageFailed) as info:
-        dvc.run_stage(root, "extract", on_line=lambda l: None)
-    assert info.value.transient and "Unable to acquire lock" in str(info.value)
+    holder = hold_dvc_lock(root, 6)     # without --wait-for-lock DVC gives up after ~3 s
+    start = time.monotonic()
+    assert dvc.run_stage(root, "extract", on_line=lambda l: None).status == "ran"
+    assert time.monotonic() - start > 5
     holder.join()
 
 
-def test_flow_retries_through_lock_contention(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+def test_flow_waits_for_the_lock_without_a_retry(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
     from pipelines.flows import pipeline
 
     root = make_project(tmp_path / "p", {"extract": DAG_STAGES["extract"]})
-    hold_dvc_lock(root, 4)      # DVC gives up after ~3 s: the first attempt fails, the retry gets the lock
-    summary = pipeline(repo=str(root), retries=2, retry_delay_s=2)
+    hold_dvc_lock(root, 6)
+    summary = pipeline(repo=str(root), retries=0)
     assert summary["stages"][0]["status"] == "ran"
+
+
+def test_a_path_busy_in_another_dvc_process_is_transient(tmp_path: Path) -> None:
+    """Why TRANSIENT_PATTERNS keeps "it is being blocked by": while `dvc repro` runs a stage's command it lets
+    go of the repo lock and holds its own locks on the stage's paths, which --wait-for-lock does not wait for."""
+    slow = {"cmd": "python -c \"import time; time.sleep(30)\" && python tool.py write out.txt", "outs": ["out.txt"]}
+    root = make_project(tmp_path / "p", {"slow": slow})
+    other = subprocess.Popen(dvc.dvc_command("repro", "slow"), cwd=root, env=dvc.subprocess_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        rwlock = root / ".dvc/tmp/rwlock"
+        _wait(lambda: rwlock.exists() and "out.txt" in rwlock.read_text(), 60, "the other repro's output lock")
+        start = time.monotonic()
+        with pytest.raises(dvc.StageFailed) as info:
+            dvc.run_stage(root, "slow", on_line=lambda l: None)
+        assert time.monotonic() - start < 20 and info.value.transient
+        assert "is busy, it is being blocked by" in str(info.value)
+    finally:
+        _stop(other)
 
 
 def test_dvc_decides_what_reruns(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
@@ -123,6 +142,9 @@ def test_served_deployment_runs_on_a_real_server(tmp_path: Path) -> None:
                 return False
 
         _wait(healthy, 120, "the Prefect server")
+        # PREFECT_API_URL was set before the server started: its UI calls the API on this port, not on 4200
+        ui = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/ui-settings", timeout=10).read())
+        assert ui["api_url"] == api
         served = subprocess.Popen([sys.executable, "-m", "pipelines", "serve", "--repo", str(root), "--cron", "0 0 1 1 *"],
                                   env=env, stdout=(logs / "serve.log").open("w"), stderr=subprocess.STDOUT,
                                   start_new_session=True)
@@ -140,7 +162,7 @@ def test_served_deployment_runs_on_a_real_server(tmp_path: Path) -> None:
         assert run.returncode == 0 and "Completed" in run.stdout, run.stdout + run.stderr
         assert json.loads((root / "metrics/eval.json").read_text())["latent"]["accuracy"] == 0.25
         arts = subprocess.run([*prefect, "artifact", "ls"], env=env, capture_output=True, text=True).stdout
-        assert "codi-eval-table" in arts and "codi-plots" in arts
+        assert all(key in arts for key in ("codi-progress", "codi-eval-table", "codi-plots")), arts
         os.killpg(served.pid, signal.SIGTERM)     # serve stops first: it pauses its schedule through the server
         assert served.wait(timeout=60) == 0
         inspect = subprocess.run([*prefect, "deployment", "inspect", "codi-pipeline/scheduled"], env=env,

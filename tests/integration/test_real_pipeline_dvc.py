@@ -72,11 +72,11 @@ def dry(repo: Path) -> list[str]:
 
     `dvc repro --dry` lists only the stages whose own deps or params changed: it cannot know that a
     stage's rerun writes new outs. Every change here does change them (new params, new data, new
-    code), so the stages downstream of a listed one rerun too: close the list over `dvc dag`'s edges."""
-    from pipelines.dvc import parse_dot
+    code), so the stages downstream of a listed one rerun too: close the list over DVC's stage graph."""
+    from pipelines.dvc import stage_edges
 
     stale = set(ran(dvc(repo, "repro", "--dry")))
-    _, edges = parse_dot(dvc(repo, "dag", "--dot"))
+    edges = stage_edges(repo)
     while True:
         more = {b for a, b in edges if a in stale} - stale
         if not more:
@@ -85,10 +85,11 @@ def dry(repo: Path) -> list[str]:
 
 
 def test_dag_edges_run_upstream_to_downstream(repo):
-    from pipelines.dvc import parse_dot
+    from pipelines.dvc import stage_edges, stage_order
 
-    _, edges = parse_dot(dvc(repo, "dag", "--dot"))
+    edges = stage_edges(repo)
     assert ("extract", "precompute") in edges and ("codi", "evaluate") in edges
+    assert stage_order(repo) == ["extract", "precompute", "sft", "sft_direct", "codi", "evaluate"]
 
 
 def test_a_change_reruns_exactly_what_it_affects(repo):

@@ -1,10 +1,12 @@
 """pipelines/: the Prefect flows over tiny throwaway DVC projects (tmp git repo + `dvc init`, stages are
-`python tool.py ...` one-liners), DVC-order, retry classification and process-group hygiene.
+`python tool.py ...` one-liners), DVC's stage graph, retry classification, process-group hygiene, artifacts,
+the offline defaults, and a first `python -m pipelines run` on an empty PREFECT_HOME.
 
 One Prefect test server for the module (prefect_test_harness, ~11 s), PREFECT_HOME in a tmp dir."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -19,6 +21,7 @@ import psutil
 import pytest
 import yaml
 
+import pipelines
 from codi.config import ConfigError
 from pipelines import dvc, process
 from pipelines.__main__ import main as cli_main
@@ -154,18 +157,9 @@ def artifacts_of(flow_run_id: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- pure parts
-def test_parse_dot_and_topological_order_follow_edges_then_file_order() -> None:
-    dot = 'strict digraph {\n"a";\n"b@1";\n"c";\n"a" -> "c";\n"b@1" -> "c";\n"c" -> "d";\n}\n'
-    nodes, edges = dvc.parse_dot(dot)
-    assert nodes == ["a", "b@1", "c", "d"] and edges == [("a", "c"), ("b@1", "c"), ("c", "d")]
-    rank = {"b": 0, "a": 1, "c": 2, "d": 3}
-    assert dvc.topological_order(nodes, edges, lambda n: rank[n.split("@")[0]]) == ["b@1", "a", "c", "d"]
-    with pytest.raises(ValueError, match="cycle"):
-        dvc.topological_order(["x", "y"], [("x", "y"), ("y", "x")])
-
-
 @pytest.mark.parametrize("code, tail, transient", [
-    (255, ["ERROR: Unable to acquire lock. Most likely another DVC process is running or was terminated abruptly."], True),
+    # the repo lock is waited for (`dvc --wait-for-lock`): an error about it is not retried; an output's lock is not
+    (255, ["ERROR: Unable to acquire lock. Most likely another DVC process is running or was terminated abruptly."], False),
     (255, ["ERROR: 'data/cache' is busy, it is being blocked by:", "  (PID 12): dvc repro"], True),
     (-9, ["ERROR: failed to reproduce 'codi': failed to run: python -m codi codi, exited with -9"], True),
     (137, ["Killed"], True),
@@ -244,14 +238,47 @@ def test_eval_table_rows_and_comparison_rows() -> None:
         {"name": "latent", "accuracy": 0.25, "steps.mean": 3, "retention": None},
         {"name": "summary", "accuracy": None, "steps.mean": None, "retention": 0.5},
     ]
-    exp = {"params": {"params.yaml": {"data": {"gamma": 2.0, "codi": {"lr": 0.1}, "sft": {"lr": 9}}}},
-           "metrics": {"metrics/eval.json": {"data": {"latent": {"accuracy": 0.5}}},
-                       "metrics/sft.json": {"data": {"loss": 1.0}}}, "deps": {"x": {}}}
-    show = [{"rev": "workspace", "experiments": None},
-            {"rev": "abc", "experiments": [{"revs": [{"name": "e1", "data": exp}]},
-                                           {"revs": [{"name": "other", "data": exp}]}]}]
-    assert dvc.comparison_rows(show, ["e1"], ["gamma", "codi.lr"], "metrics/eval.json") == [
-        {"experiment": "e1", "gamma": 2.0, "codi.lr": 0.1, "latent.accuracy": 0.5}]
+    # dvc.api.exp_show's rows: a key two files share is a `file:key` column (here `n`, also `lr` of other.yaml)
+    fixed = {"rev": "abc1234", "typ": "branch_commit", "Created": "01:19 PM", "parent": None, "State": None,
+             "Executor": None}
+    exp = {**fixed, "Experiment": "e1", "latent.accuracy": 0.5, "metrics/eval.json:n": 4.0, "metrics/sft.json:n": 9.0,
+           "loss": 1.0, "gamma": 2.0, "params.yaml:lr": 0.1, "other.yaml:lr": 0.2, "data/x": "e19921"}
+    show = [{**fixed, "Experiment": None, "rev": "workspace", "typ": "baseline", "gamma": 1.0}, exp,
+            {**exp, "Experiment": "other"}]
+    assert dvc.comparison_rows(show, ["e1", "missing"], ["gamma", "lr", "other.yaml:lr"], "metrics/eval.json",
+                               ["latent.accuracy", "n"]) == [
+        {"experiment": "e1", "gamma": 2.0, "lr": 0.1, "other.yaml:lr": 0.2, "latent.accuracy": 0.5, "n": 4.0}]
+
+
+def test_offline_defaults_yield_to_the_environment_and_the_prefect_profile(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in pipelines.OFFLINE_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("PREFECT_PROFILES_PATH", raising=False)
+    monkeypatch.delenv("PREFECT_PROFILE", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.setenv("DO_NOT_TRACK", "0")                                  # the user's environment
+    (tmp_path / "profiles.toml").write_text('active = "mine"\n[profiles.mine]\n'
+                                            'PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS = "300"\n')
+    pipelines._set_offline_defaults()
+    assert os.environ["DO_NOT_TRACK"] == "0"
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ     # the profile's 300 applies
+    assert (os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"], os.environ["DVC_NO_ANALYTICS"]) == ("false", "1")
+    (tmp_path / "profiles.toml").unlink()
+    pipelines._set_offline_defaults()
+    assert os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "180"
+
+
+def test_plots_markdown_embeds_the_images(tmp_path: Path) -> None:
+    from pipelines.flows import MAX_EMBEDDED_PNG_BYTES, plots_markdown
+
+    small, big = tmp_path / "plots/eval/a.png", tmp_path / "plots/big.png"
+    small.parent.mkdir(parents=True)
+    small.write_bytes(b"\x89PNG small")
+    big.write_bytes(b"\0" * (MAX_EMBEDDED_PNG_BYTES + 1))
+    md = plots_markdown(tmp_path, [small, big])
+    assert f"![plots/eval/a.png](data:image/png;base64,{base64.b64encode(small.read_bytes()).decode()})" in md
+    assert f"`{big}` (2.0 MiB: too large to embed)" in md and "base64,AAAA" not in md
 
 
 def test_pipeline_config_reads_params_and_applies_overrides(tmp_path: Path) -> None:
@@ -284,9 +311,34 @@ def test_deployments_carry_the_cron_schedule_and_the_repo(tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------------- DVC, no Prefect
-def test_stage_order_comes_from_dvc_yaml(tmp_path: Path) -> None:
+def test_stage_order_comes_from_dvcs_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = make_project(tmp_path / "p", DAG_STAGES)
+    monkeypatch.chdir(tmp_path)      # DVC's API resolves paths against the cwd unless given the root
     assert dvc.stage_order(root) == DAG_ORDER
+    assert sorted(dvc.stage_edges(root)) == sorted([
+        ("extract", "precompute"), ("precompute", "sft"), ("precompute", "sft_direct"), ("sft", "codi"),
+        ("codi", "evaluate"), ("sft_direct", "evaluate")])
+
+
+def test_stage_graph_has_foreach_stages_sub_pipelines_and_no_data_sources(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p", {
+        "merge": {"cmd": "python tool.py write merged.txt part-b.txt part-a.txt", "deps": ["part-a.txt", "part-b.txt"],
+                  "outs": ["merged.txt"]},
+        "part": {"foreach": ["b", "a"], "do": {"cmd": "python tool.py write part-${item}.txt raw.txt",
+                                                "deps": ["raw.txt"], "outs": ["part-${item}.txt"]}}})
+    (root / "raw.txt").write_text("raw\n")
+    subprocess.run(dvc.dvc_command("add", "-q", "raw.txt"), cwd=root, env=dvc.subprocess_env(), check=True)
+    (root / "sub").mkdir()
+    report = {"cmd": "python ../tool.py write report.txt ../merged.txt", "deps": ["../merged.txt"], "outs": ["report.txt"]}
+    (root / "sub/dvc.yaml").write_text(yaml.safe_dump({"stages": {"report": report}}))
+    assert dvc.stage_order(root) == ["part@b", "part@a", "merge", "sub/dvc.yaml:report"]    # ties: dvc.yaml order
+    assert sorted(dvc.stage_edges(root)) == [("merge", "sub/dvc.yaml:report"), ("part@a", "merge"), ("part@b", "merge")]
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {      # a cycle: DVC refuses the pipeline
+        f"s{i}": {"cmd": f"python tool.py write {i}.txt", "deps": [f"{(i + 1) % 3}.txt"], "outs": [f"{i}.txt"]}
+        for i in range(3)}}))
+    cycle = r"DVC cannot read the pipeline: Same item\(s\) are defined as both a dependency and an output"
+    with pytest.raises(ConfigError, match=cycle):
+        dvc.stage_order(root)
 
 
 def test_keyboard_interrupt_and_stragglers_leave_no_process(tmp_path: Path) -> None:
@@ -319,7 +371,7 @@ def test_killing_the_caller_with_sigkill_leaves_no_process(tmp_path: Path) -> No
 
 # ---------------------------------------------------------------------------------- flows
 def test_pipeline_flow_runs_the_dag_and_publishes_the_eval_table(prefect_server: str, tmp_path: Path) -> None:
-    from pipelines.flows import ARTIFACT_EVAL_MD, ARTIFACT_EVAL_TABLE, ARTIFACT_PLOTS, pipeline
+    from pipelines.flows import ARTIFACT_EVAL_MD, ARTIFACT_EVAL_TABLE, ARTIFACT_PLOTS, ARTIFACT_PROGRESS, pipeline
 
     root = make_project(tmp_path / "p", DAG_STAGES, gamma=2.0)
     state = pipeline(repo=str(root), return_state=True)
@@ -328,12 +380,17 @@ def test_pipeline_flow_runs_the_dag_and_publishes_the_eval_table(prefect_server:
     assert [s["stage"] for s in summary["stages"]] == DAG_ORDER and {s["status"] for s in summary["stages"]} == {"ran"}
     assert summary["eval"]["latent"]["accuracy"] == 0.5
     arts = artifacts_of(state.state_details.flow_run_id)
-    assert set(arts) == {ARTIFACT_EVAL_MD, ARTIFACT_EVAL_TABLE, ARTIFACT_PLOTS}
+    assert set(arts) == set(summary["artifacts"]) == {
+        ARTIFACT_PROGRESS, ARTIFACT_EVAL_MD, ARTIFACT_EVAL_TABLE, ARTIFACT_PLOTS}
+    assert (arts[ARTIFACT_PROGRESS].type, arts[ARTIFACT_PROGRESS].data) == ("progress", 100.0)
+    assert arts[ARTIFACT_PROGRESS].description == "stage 6 of 6 done: evaluate (ran)"
     table = json.loads(arts[ARTIFACT_EVAL_TABLE].data)
     assert {"name": "latent", "accuracy": 0.5, "n": 4, "retention": None, "compression": None} in table
     assert {"name": "summary", "accuracy": None, "n": None, "retention": 1.0, "compression": 3.0} in table
     assert arts[ARTIFACT_EVAL_MD].data == (root / "metrics/eval.md").read_text()
-    assert "plots/eval/accuracy.png" in arts[ARTIFACT_PLOTS].data
+    png = base64.b64encode((root / "plots/eval/accuracy.png").read_bytes()).decode()
+    assert arts[ARTIFACT_PLOTS].type == "markdown"
+    assert f"![plots/eval/accuracy.png](data:image/png;base64,{png})" in arts[ARTIFACT_PLOTS].data
 
 
 def test_missing_eval_files_are_a_warning_not_a_failure(prefect_server: str, tmp_path: Path) -> None:
@@ -341,7 +398,8 @@ def test_missing_eval_files_are_a_warning_not_a_failure(prefect_server: str, tmp
 
     root = make_project(tmp_path / "p", {"extract": DAG_STAGES["extract"]})
     summary = pipeline(repo=str(root))
-    assert summary["artifacts"] == [] and summary["eval"] is None and summary["stages"][0]["status"] == "ran"
+    assert summary["artifacts"] == ["codi-progress"] and summary["eval"] is None
+    assert summary["stages"][0]["status"] == "ran"
 
 
 def test_failing_stage_fails_the_flow_by_name_and_later_stages_do_not_run(prefect_server: str, tmp_path: Path) -> None:
@@ -351,13 +409,16 @@ def test_failing_stage_fails_the_flow_by_name_and_later_stages_do_not_run(prefec
         "extract": DAG_STAGES["extract"],
         "precompute": {"cmd": "python tool.py fail", "deps": ["data/traces.txt"], "outs": ["data/cache.txt"]},
         "sft": DAG_STAGES["sft"]})
+    state = pipeline(repo=str(root), retries=2, retry_delay_s=0, return_state=True)
     with pytest.raises(dvc.StageFailed) as info:
-        pipeline(repo=str(root), retries=2, retry_delay_s=0)
+        state.result()
     msg = str(info.value)
     assert msg.startswith("stage 'precompute' failed with exit code 1 (deterministic, not retried)"), msg
     assert "ValueError: boom in stage" in msg
     assert (root / "attempts.txt").read_text() == "x\n"           # a traceback is not retried
     assert (root / "data/traces.txt").exists() and not (root / "models/sft.txt").exists()
+    progress = artifacts_of(state.state_details.flow_run_id)["codi-progress"]
+    assert (round(progress.data, 1), progress.description) == (33.3, "stage 2 of 3 failed: precompute")
 
 
 def test_transiently_killed_stage_is_retried(prefect_server: str, tmp_path: Path) -> None:
@@ -414,3 +475,56 @@ def test_experiments_flow_publishes_one_row_per_experiment(prefect_server: str, 
 def test_cli_reports_bad_input_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["experiments", "gamma"]) == 1
     assert capsys.readouterr().err == "error: bad override 'gamma': expected KEY=V1[,V2...], e.g. gamma=0.5,1,2\n"
+
+
+class ConnectionRecorder:
+    """A local "proxy" that records the first line of every connection made to it and closes it: with
+    HTTP(S)_PROXY pointing here, an attempt to reach the network shows up here instead of leaving the machine."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.seen: list[str] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:       # closed
+                return
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    self.seen.append(conn.recv(256).split(b"\r\n")[0].decode("ascii", "replace"))
+                except OSError:
+                    self.seen.append("(no request line)")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_first_run_on_an_empty_prefect_home_passes_and_stays_offline(tmp_path: Path) -> None:
+    """What a new user does: `python -m pipelines run` with no Prefect setting at all. The temporary server's first
+    start (it creates its database) takes longer than Prefect's 20 s default on 2 cores; nothing may reach out."""
+    root = make_project(tmp_path / "p", {"extract": DAG_STAGES["extract"]})
+    proxy = ConnectionRecorder()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PREFECT_") and k not in pipelines.OFFLINE_DEFAULTS and k.lower() not in
+           ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), HTTP_PROXY=proxy.url, HTTPS_PROXY=proxy.url,
+               ALL_PROXY=proxy.url, NO_PROXY="127.0.0.1,localhost")     # the temporary server is local
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pipelines", "run", "--repo", str(root)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        time.sleep(0.5)
+    finally:
+        proxy.close()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "pipeline done: 1 stages, ran ['extract']" in out
+    assert "Failed to send telemetry" not in out and "Timed out" not in out, out[-3000:]
+    assert proxy.seen == []
