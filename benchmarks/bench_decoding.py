@@ -166,12 +166,13 @@ def train_tiny(examples, latent_steps: int, steps: int, seed: int):
 
 def load_models(args):
     """(sft model, codi model, projector, latent_steps, tokenizer, examples) from trained folders and a cache split."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from codi.data import CacheDataset
     from codi.modeling import load_codi_model
+    from codi.tokens import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(args.sft)
+    tok = load_tokenizer(args.sft)
     sft = AutoModelForCausalLM.from_pretrained(args.sft, dtype=torch.float32).eval()
     codi = load_codi_model(args.codi)
     data = CacheDataset(args.cache, limit=args.n)

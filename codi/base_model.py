@@ -12,7 +12,6 @@ with `from_pretrained`, trace tokens added. Design: docs/ARCHITECTURE.md, "Token
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -70,12 +69,12 @@ def train_tiny_tokenizer(texts: Iterable[str], cfg: TinyModelConfig):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    # Digits one by one, then GPT-2 style byte-level splitting. trim_offsets=False keeps offsets
-    # exact (precompute finds spans from them).
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True, trim_offsets=False),
-    ])
+    # GPT-2 style byte-level splitting (a run of digits is one pre-token, which BPE merges into whole-number
+    # tokens where they are frequent), or digits one by one first. trim_offsets=False keeps offsets exact
+    # (precompute finds spans from them).
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True, trim_offsets=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if cfg.split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size, min_frequency=cfg.tokenizer_min_frequency,
@@ -132,9 +131,3 @@ def save_base(model, tokenizer, out: str | Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-
-
-def tokenizer_sha256(tokenizer) -> str:
-    """Content hash of the tokenizer (vocabulary, merges, specials): identifies a cache's token ids."""
-    blob = tokenizer.backend_tokenizer.to_str() if getattr(tokenizer, "is_fast", False) else json.dumps(tokenizer.get_vocab(), sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()

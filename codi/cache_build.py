@@ -17,11 +17,10 @@ from typing import Any
 from tqdm import tqdm
 
 from codi.answers import render_direct
-from codi.base_model import tokenizer_sha256
 from codi.config import ConfigError, Params, PrecomputeConfig, to_dict
 from codi.data import CACHE_FORMAT_VERSION, SPLITS, split_of
 from codi.spans import encode_examples
-from codi.tokens import token_ids
+from codi.tokens import token_ids, tokenizer_sha256
 from codi.traces import TracesFileError, read_traces
 from codi.tracing.format import entry_exit, locals_offsets, parse_trace, render_prompt
 

@@ -122,6 +122,7 @@ class TinyModelConfig:
 
     vocab_size: int = _f("BPE vocabulary incl. the 256 byte symbols and the special tokens", ge=300)
     tokenizer_min_frequency: int = _f("minimum pair frequency for a BPE merge", ge=1)
+    split_digits: bool = _f("tokenize numbers digit by digit; false = BPE merges frequent numbers into one token")
     hidden_size: int = _f("model width", ge=8)
     num_layers: int = _f("decoder layers", ge=1)
     num_heads: int = _f("attention heads", ge=1)

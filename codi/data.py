@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from codi.config import ConfigError
 from codi.files import atomic_path, file_sha256
 
 SPLITS = ("train", "val", "test", "holdout")
@@ -125,3 +126,16 @@ class CacheDataset:
 
     def __iter__(self) -> Iterable[dict[str, Any]]:
         return (self[k] for k in range(len(self)))
+
+
+def check_tokenizer(tokenizer, cache_dir: str | Path, model_dir: str | Path) -> None:
+    """A model's tokenizer must be the one that made the cache's token ids (their hash is in the manifest)."""
+    import json
+
+    from codi.tokens import tokenizer_sha256
+
+    manifest = Path(cache_dir) / "manifest.json"
+    want = json.loads(manifest.read_text()).get("tokenizer_sha256")
+    if tokenizer_sha256(tokenizer) != want:
+        raise ConfigError(f"{model_dir}: its tokenizer is not the one that made {manifest} (sha256 differs): the "
+                         "token ids would mean other tokens; rerun precompute, or train from its models/base")

@@ -3,14 +3,17 @@
 This module is the only place that names them. Ids are always looked up in a tokenizer
 (`token_ids(tok)`), never hard-coded, so any HF tokenizer can carry them.
 
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)   # a saved model's tokenizer, exactly as saved
     add_trace_tokens(tok)        # idempotent; returns how many tokens were new
     ids = token_ids(tok)         # TraceTokenIds(line_sep=..., action_sep=..., ...)
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 TRACE_CONTEXT_START = "<|trace_context_start|>"
 FRAME_SEP = "<|frame_sep|>"
@@ -105,3 +108,21 @@ def token_ids(tokenizer) -> TraceTokenIds:
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
         raise KeyError("tokenizer has no eos/pad token: call codi.tokens.add_trace_tokens first")
     return TraceTokenIds(**ids, pad=tokenizer.pad_token_id, eos=tokenizer.eos_token_id)
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer saved with a model folder, exactly as saved (its tokenizer.json read verbatim).
+
+    Not AutoTokenizer: for a Qwen2 config it builds Qwen2Tokenizer, which replaces the saved pre-tokenizer
+    with Qwen2's own, so a tokenizer trained with other splitting (the tiny BPE) would no longer give the
+    cache's ids."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    return TokenizersBackend.from_pretrained(str(path))
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """Content hash of a tokenizer (vocabulary, merges, pre-tokenizer, specials): identifies a cache's ids."""
+    blob = (tokenizer.backend_tokenizer.to_str() if getattr(tokenizer, "is_fast", False)
+            else json.dumps(tokenizer.get_vocab(), sort_keys=True))
+    return hashlib.sha256(blob.encode()).hexdigest()

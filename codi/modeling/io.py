@@ -22,7 +22,7 @@ from torch import nn
 from codi.files import write_json
 from codi.modeling.latent import build_projector
 from codi.modeling.model import CodiModel
-from codi.tokens import TraceTokenIds, token_ids
+from codi.tokens import TraceTokenIds, load_tokenizer, token_ids
 
 CODI_CONFIG = "codi_config.json"
 PROJECTOR_FILE = "thought_projector.safetensors"
@@ -115,11 +115,11 @@ def load_codi_model(path: str | Path, device: str | torch.device | None = None,
                     dtype: torch.dtype | None = None) -> LoadedCodi:
     """Load a folder written by `save_codi_model`. dtype None keeps the saved dtype; device None = CPU."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     cfg = read_codi_config(path)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     if token_ids(tok) != cfg.token_ids:
         raise ValueError(f"{path / CODI_CONFIG}: token_ids differ from the saved tokenizer's")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else "auto")

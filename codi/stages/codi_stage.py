@@ -10,11 +10,12 @@ import os
 from pathlib import Path
 
 from codi.config import ConfigError, Params, to_dict
+from codi.data import check_tokenizer
 from codi.device import resolve_precision, set_threads
 from codi.files import write_json
 from codi.launch import maybe_relaunch
 from codi.modeling import CodiModel, save_codi_model
-from codi.tokens import token_ids
+from codi.tokens import load_tokenizer, token_ids
 from codi.training.checkpoints import run_fingerprint
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import codi_summary, save_loss_png
@@ -28,7 +29,7 @@ def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, me
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if not (sft / "config.json").is_file():
         raise ConfigError(f"{sft}: no model here (run the sft stage first)")
@@ -38,7 +39,8 @@ def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, me
     set_threads(cfg.torch_threads)
     train_ds, val_ds = training_splits(cache)
 
-    tok = AutoTokenizer.from_pretrained(sft)
+    tok = load_tokenizer(sft)
+    check_tokenizer(tok, cache, sft)
     dtype = torch.bfloat16 if resolve_precision(cfg.precision)["bf16"] else torch.float32
     base = AutoModelForCausalLM.from_pretrained(sft, dtype=dtype)
     teacher = AutoModelForCausalLM.from_pretrained(teacher_path, dtype=dtype) if teacher_path else None

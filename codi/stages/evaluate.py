@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from codi.config import ConfigError, Params
-from codi.data import CacheDataset
+from codi.data import CacheDataset, check_tokenizer
 from codi.decoding import iter_decode, program_action_lines
 from codi.device import set_threads
 from codi.files import write_json, write_text
 from codi.metrics import Bootstrap, score_example, summarize
 from codi.report import compact, markdown_report, write_plots, write_predictions
+from codi.tokens import load_tokenizer
 from codi.tracing.format import parse_trace
 
 MODE_MODEL = {"explicit": "sft", "latent": "codi", "direct": "sft_direct"}
@@ -38,10 +39,11 @@ def load_examples(cache_dir: Path, splits: list[str], limit: int) -> list[dict[s
     return rows
 
 
-def load_mode_model(mode: str, paths: dict[str, Path]):
-    """(model, tokenizer, projector, latent_steps) for a mode; a missing folder is a clear error."""
+def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path):
+    """(model, tokenizer, projector, latent_steps) for a mode; a missing folder, or a tokenizer that did not
+    make the cache, is a clear error."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = paths[MODE_MODEL[mode]]
     if not (path / "config.json").is_file():
@@ -49,8 +51,11 @@ def load_mode_model(mode: str, paths: dict[str, Path]):
     if mode == "latent":
         from codi.modeling import load_codi_model
         loaded = load_codi_model(path, dtype=torch.float32)
+        check_tokenizer(loaded.tokenizer, cache_dir, path)
         return loaded.model, loaded.tokenizer, loaded.projector, loaded.config.latent_steps
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path), None, 0
+    tok = load_tokenizer(path)
+    check_tokenizer(tok, cache_dir, path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), tok, None, 0
 
 
 def run(params: Params, cache: Path, sft: Path, codi: Path, direct: Path, metrics: Path, predictions: Path,
@@ -64,7 +69,7 @@ def run(params: Params, cache: Path, sft: Path, codi: Path, direct: Path, metric
     paths = {"sft": sft, "codi": codi, "sft_direct": direct}
     rows, generated = [], []
     for mode in cfg.modes:
-        model, tok, projector, latent_steps = load_mode_model(mode, paths)
+        model, tok, projector, latent_steps = load_mode_model(mode, paths, cache_dir)
         t0 = time.time()
         lines = ([program_action_lines(tok, e["program"]) for e in examples]
                  if cfg.constrain_actions and mode != "direct" else None)

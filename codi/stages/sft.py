@@ -10,9 +10,11 @@ from pathlib import Path
 
 from codi.batching import CausalLMCollator
 from codi.config import ConfigError, Params, to_dict
+from codi.data import check_tokenizer
 from codi.device import set_threads
 from codi.files import write_json
 from codi.launch import maybe_relaunch
+from codi.tokens import load_tokenizer
 from codi.training.checkpoints import run_fingerprint
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import save_loss_png, sft_summary, unigram_loss
@@ -27,13 +29,14 @@ def run(params: Params, stage: str, cache: Path, base: Path, out: Path, checkpoi
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if not (base / "config.json").is_file():
         raise ConfigError(f"{base}: no model here (run the precompute stage first)")
     set_threads(cfg.torch_threads)
     train_ds, val_ds = training_splits(cache)
-    tok = AutoTokenizer.from_pretrained(base)
+    tok = load_tokenizer(base)
+    check_tokenizer(tok, cache, base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
 
     def save(trainer, folder: Path) -> None:

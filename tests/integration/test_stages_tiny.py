@@ -56,7 +56,9 @@ def test_extract_is_byte_identical_on_a_rerun(ws):
 
 
 def test_precompute_cache_spans_and_base(ws):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from codi.tokens import load_tokenizer
 
     from codi.data import CacheDataset
     from codi.tokens import token_ids
@@ -66,7 +68,7 @@ def test_precompute_cache_spans_and_base(ws):
     metrics = json.loads((ws / "metrics/precompute.json").read_text())  # the counts, for dvc exp show
     assert metrics["splits"]["train"] == {k: v for k, v in manifest["splits"]["train"].items() if k != "sha256"}
     assert metrics["tokens"] == manifest["tokens"] and "params" not in metrics
-    tok = AutoTokenizer.from_pretrained(ws / "models/base")
+    tok = load_tokenizer(ws / "models/base")
     model = AutoModelForCausalLM.from_pretrained(ws / "models/base")
     assert model.get_input_embeddings().weight.shape[0] == len(tok) == manifest["vocab_size"]
     ids = token_ids(tok)
@@ -208,6 +210,18 @@ def test_dvclive_metrics_are_on_disk_while_the_stage_runs(ws, tmp_path):
     assert proc.wait() == 0, proc.stderr.read()[-2000:]
     assert seen and 1 <= seen[0] < 150, seen[:5]  # a step was on disk while the stage was still running
     assert json.loads(live.read_text())["step"] == 150
+
+
+def test_a_model_whose_tokenizer_did_not_make_the_cache_is_refused(ws, tmp_path, capsys):
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("traces_again", "checkpoints", "dvclive"))
+    manifest = other / "data/cache/manifest.json"
+    data = json.loads(manifest.read_text())
+    data["tokenizer_sha256"] = "0" * 64
+    manifest.write_text(json.dumps(data))
+    for stage in ("sft", "codi", "evaluate"):
+        assert cli(other, stage) == 2, stage
+        assert "its tokenizer is not the one that made" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("stage, dotted, value, expected", [

@@ -138,3 +138,27 @@ def test_padding_or_truncation_in_the_tokenizer_file_never_reaches_the_cache(tin
     tok.backend_tokenizer.enable_truncation(max_length=8)
     [enc] = encode_examples(tok, ["p"], [trace], [locals_offsets(frames)])
     assert (enc.prompt_ids, enc.trace_ids, enc.spans) == (plain.prompt_ids, plain.trace_ids, plain.spans)
+
+
+@pytest.mark.parametrize("split_digits", [True, False])
+def test_a_saved_tiny_tokenizer_loads_back_exactly_beside_a_qwen2_config(tmp_path, split_digits):
+    """AutoTokenizer builds Qwen2Tokenizer for a Qwen2 config and swaps in Qwen2's pre-tokenizer, which splits
+    every digit: whole-number tokens would come back as digits. load_tokenizer reads the saved one verbatim."""
+    from transformers import AutoTokenizer
+
+    from codi.base_model import save_base, tiny_model
+    from codi.tokens import load_tokenizer, tokenizer_sha256
+
+    cfg = shipped("model.tiny", vocab_size=400, split_digits=split_digits, hidden_size=16, num_heads=2,
+                  num_kv_heads=1, num_layers=1, intermediate_size=16)
+    text = '{"a": "17", "b": "-3"}<|action_sep|>    c = a - 12\n'
+    tok = train_tiny_tokenizer([text] * 50 + corpus(), cfg)
+    save_base(tiny_model(cfg, tok), tok, tmp_path / "base")
+    loaded = load_tokenizer(tmp_path / "base")
+    assert loaded(text)["input_ids"] == tok(text)["input_ids"]
+    assert tokenizer_sha256(loaded) == tokenizer_sha256(tok) and token_ids(loaded) == token_ids(tok)
+    pieces = [loaded.decode([i]) for i in loaded('"17"', add_special_tokens=False)["input_ids"]]
+    assert pieces == (['"', "1", "7", '"'] if split_digits else ['"', "17", '"'])
+    if not split_digits:  # the trap load_tokenizer avoids
+        auto = AutoTokenizer.from_pretrained(tmp_path / "base")
+        assert auto('"17"', add_special_tokens=False)["input_ids"] != loaded('"17"', add_special_tokens=False)["input_ids"]
