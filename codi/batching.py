@@ -3,6 +3,7 @@
     collate = CausalLMCollator(pad_id, target="trace")    # sft: CE on the trace tokens only
     collate = CausalLMCollator(pad_id, target="answer")   # sft_direct: CE on the answer tokens only
     batch = collate([cache_example, ...])                 # {"input_ids", "labels"} (+ "attention_mask")
+    CausalLMCollator(pad_id, "trace", computed_weight=4.0, ids=token_ids(tok))   # + "loss_weights" (B, T)
 
 Prompt positions and padding carry label -100 (IGNORE_INDEX), so they never contribute to the loss.
 Padding is on the right, so under the causal mask no real token ever attends to a pad: the loss is
@@ -12,12 +13,37 @@ fast path (benchmarks/bench_train.py measures it against the masked path on the 
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from codi.tokens import TraceTokenIds
+
 IGNORE_INDEX = -100
+
+
+def computed_locals_mask(trace: list[int], ids: TraceTokenIds) -> list[bool]:
+    """True at the locals tokens of a LINE frame that the frame before it does not have (a computed value, a new
+    variable): everything else in a full-locals frame is a copy. The frame before is the previous CALL or LINE
+    frame in the trace (another scope's, after a nested call: more tokens count as computed, none fewer)."""
+    mask = [False] * len(trace)
+    prev: list[int] | None = None
+    start = None
+    for t, tok in enumerate(trace):
+        if tok in (ids.call_sep, ids.line_sep):
+            start = t + 1
+        elif tok == ids.action_sep and start is not None:
+            cur = trace[start:t]
+            if trace[start - 1] == ids.line_sep and prev is not None:
+                copied = set()
+                for block in difflib.SequenceMatcher(None, prev, cur, autojunk=False).get_matching_blocks():
+                    copied.update(range(block.b, block.b + block.size))
+                for k in range(len(cur)):
+                    mask[start + k] = k not in copied
+            prev, start = cur, None
+    return mask
 
 
 @dataclass(frozen=True)
@@ -25,6 +51,8 @@ class CausalLMCollator:
     pad_id: int
     target: Literal["trace", "answer"] = "trace"
     attention_mask: bool = False  # only needed by models that are not causal-only
+    computed_weight: float = 1.0  # loss weight of computed locals tokens (computed_locals_mask); 1 = plain CE
+    ids: TraceTokenIds | None = None  # the trace tokens, needed when computed_weight != 1
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         key = "trace_ids" if self.target == "trace" else "answer_ids"
@@ -41,4 +69,12 @@ class CausalLMCollator:
         batch = {"input_ids": input_ids, "labels": labels}
         if self.attention_mask:
             batch["attention_mask"] = mask
+        if self.computed_weight != 1.0 and self.target == "trace":
+            if self.ids is None:
+                raise ValueError("CausalLMCollator: computed_weight needs the trace token ids (ids=token_ids(tok))")
+            weights = torch.ones((len(seqs), width), dtype=torch.float32)   # (B, T)
+            for b, (p, t) in enumerate(seqs):
+                computed = torch.tensor(computed_locals_mask(list(t), self.ids), dtype=torch.bool)
+                weights[b, len(p):len(p) + len(t)][computed] = self.computed_weight
+            batch["loss_weights"] = weights
         return batch

@@ -187,6 +187,14 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class SftConfig(TrainConfig):
+    """`sft` (stage 1): the training hyperparameters plus the weighting of the trace's tokens."""
+
+    computed_weight: float = _f("loss weight of the locals tokens a LINE frame computes (those the frame before it "
+                                "does not have) against the copied ones; 1 = plain CE", gt=0)
+
+
+@dataclass(frozen=True)
 class CodiConfig(TrainConfig):
     """`codi` (stage 2b): the reference design's options plus the training hyperparameters."""
 
@@ -251,7 +259,7 @@ class Params:
     extract: ExtractConfig = _f("stage extract")
     precompute: PrecomputeConfig = _f("stage precompute")
     model: ModelConfig = _f("the base model")
-    sft: TrainConfig = _f("stage sft")
+    sft: SftConfig = _f("stage sft")
     sft_direct: TrainConfig = _f("stage sft_direct")
     codi: CodiConfig = _f("stage codi")
     evaluate: EvaluateConfig = _f("stage evaluate")

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from codi.batching import CausalLMCollator
-from codi.config import ConfigError, Params, to_dict
+from codi.config import ConfigError, Params, SftConfig, to_dict
 from codi.data import check_tokenizer
 from codi.device import set_threads
 from codi.files import write_json
 from codi.launch import maybe_relaunch
-from codi.tokens import load_tokenizer
+from codi.tokens import load_tokenizer, token_ids
 from codi.training.checkpoints import run_fingerprint
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import save_loss_png, sft_summary, unigram_loss
@@ -46,7 +46,9 @@ def run(params: Params, stage: str, cache: Path, base: Path, out: Path, checkpoi
         stage=stage, cfg=cfg, logged={stage: to_dict(cfg), "model": to_dict(params.model)},
         trainer_cls=LengthGroupedTrainer,
         trainer_kwargs=dict(model=model, train_dataset=train_ds, eval_dataset=val_ds if len(val_ds) else None,
-                            data_collator=CausalLMCollator(tok.pad_token_id, TARGET[stage]), processing_class=tok,
+                            data_collator=CausalLMCollator(tok.pad_token_id, TARGET[stage], computed_weight=(
+                                cfg.computed_weight if isinstance(cfg, SftConfig) else 1.0), ids=token_ids(tok)),
+                            processing_class=tok,
                             group_by_length=cfg.group_by_length),
         fingerprint=run_fingerprint(stage, __name__, to_dict(cfg), cache / "manifest.json", {"start_model": base}),
         save=save, args_extra={"include_num_input_tokens_seen": "non_padding"})

@@ -21,10 +21,10 @@ def examples():
             {"prompt_ids": [5, 6, 7, 7, 7], "trace_ids": [8, 9, 9, 9, 2], "answer_ids": [3, 3, 2]}]
 
 
-def tiny_lm():
+def tiny_lm(vocab: int = 16):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=16, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                         num_key_value_heads=1, intermediate_size=32, pad_token_id=0)).eval()
 
 
@@ -58,6 +58,49 @@ def test_loss_is_the_mean_ce_over_trace_tokens_and_needs_no_mask():
                 n += 1
     assert loss.item() == pytest.approx(nll / n, rel=1e-5)
     assert loss.item() == pytest.approx(masked.item(), rel=1e-6)  # right padding: the mask changes nothing
+
+
+def test_computed_locals_mask_marks_what_a_frame_does_not_copy():
+    from codi.batching import computed_locals_mask
+    from tests.codi_oracle import TOKEN_IDS as ids
+
+    # CALL {a 1} | LINE {a 1} | LINE {a 1 , b 3} | LINE {a 2 , b 3} | RETURN
+    a, b, one, two, three, comma = 20, 21, 31, 32, 33, 40
+    trace = [ids.call_sep, a, one, ids.action_sep, 50, ids.frame_sep,
+             ids.line_sep, a, one, ids.action_sep, 51, ids.frame_sep,
+             ids.line_sep, a, one, comma, b, three, ids.action_sep, 52, ids.frame_sep,
+             ids.line_sep, a, two, comma, b, three, ids.action_sep, 53, ids.frame_sep,
+             ids.return_sep, ids.action_sep, 53, ids.arg_sep, three, ids.frame_sep, ids.eos]
+    marked = [trace[k] for k, m in enumerate(computed_locals_mask(trace, ids)) if m]
+    assert marked == [comma, b, three, two]  # the new variable b = 3, then a's new value; no copy, no action
+
+
+def test_the_weighted_loss_weights_computed_tokens_and_validation_stays_plain_ce(tmp_path):
+    from transformers import TrainingArguments
+
+    from codi.training.grouped import LengthGroupedTrainer
+    from tests.codi_oracle import TOKEN_IDS as ids
+
+    ex = {"prompt_ids": [12, 13], "trace_ids": [ids.call_sep, 20, 31, ids.action_sep, 14, ids.frame_sep,
+                                                  ids.line_sep, 20, 32, ids.action_sep, 15, ids.frame_sep, ids.eos]}
+    model = tiny_lm(vocab=64)
+    plain = CausalLMCollator(pad_id=0)([ex])
+    weighted = CausalLMCollator(pad_id=0, computed_weight=3.0, ids=ids)([ex])
+    assert weighted["loss_weights"][0].tolist().count(3.0) == 1  # the one computed token: 32
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = LengthGroupedTrainer(model=model, args=args, group_by_length=False)
+    with torch.no_grad():
+        logp = model(input_ids=plain["input_ids"]).logits.log_softmax(-1)[0]
+        seq = ex["prompt_ids"] + ex["trace_ids"]
+        nll = [-logp[k - 1, seq[k]].item() for k in range(2, len(seq))]
+        w = [3.0 if seq[k] == 32 else 1.0 for k in range(2, len(seq))]
+        model.train()
+        loss = trainer.compute_loss(model, dict(weighted))
+        assert loss.item() == pytest.approx(sum(a * b for a, b in zip(nll, w)) / sum(w), rel=1e-5)
+        assert trainer.loss_is_scaled_for_ga is False     # a per-micro-batch mean: the Trainer scales it
+        model.eval()
+        assert trainer.compute_loss(model, dict(weighted)).item() == pytest.approx(sum(nll) / len(nll), rel=1e-5)
+        assert trainer.loss_is_scaled_for_ga is None
 
 
 def fake_checkpoint(root: Path, step: int, truncate: str | None = None) -> Path:
