@@ -24,14 +24,22 @@ from codi.tokens import TraceTokenIds
 IGNORE_INDEX = -100
 
 
-def computed_locals_mask(trace: list[int], ids: TraceTokenIds) -> list[bool]:
-    """True at the locals tokens of a LINE frame that the frame before it does not have (a computed value, a new
-    variable): everything else in a full-locals frame is a copy. The frame before is the previous CALL or LINE
-    frame in the trace (another scope's, after a nested call: more tokens count as computed, none fewer)."""
+def computed_mask(trace: list[int], ids: TraceTokenIds) -> list[bool]:
+    """True at the tokens a trace computes rather than copies: the locals tokens of a LINE frame that the frame
+    before it does not have (a computed value, a new variable), and every return/exception VALUE. Everything
+    else in a full-locals frame is a copy. The frame before is the previous CALL or LINE frame in the trace
+    (another scope's, after a nested call: more tokens count as computed, none fewer)."""
     mask = [False] * len(trace)
     prev: list[int] | None = None
     start = None
+    in_value = False
     for t, tok in enumerate(trace):
+        if tok == ids.arg_sep:
+            in_value = True
+        elif tok == ids.frame_sep:
+            in_value = False
+        elif in_value:
+            mask[t] = True
         if tok in (ids.call_sep, ids.line_sep):
             start = t + 1
         elif tok == ids.action_sep and start is not None:
@@ -51,7 +59,7 @@ class CausalLMCollator:
     pad_id: int
     target: Literal["trace", "answer"] = "trace"
     attention_mask: bool = False  # only needed by models that are not causal-only
-    computed_weight: float = 1.0  # loss weight of computed locals tokens (computed_locals_mask); 1 = plain CE
+    computed_weight: float = 1.0  # loss weight of the computed tokens (computed_mask); 1 = plain CE
     ids: TraceTokenIds | None = None  # the trace tokens, needed when computed_weight != 1
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -74,7 +82,7 @@ class CausalLMCollator:
                 raise ValueError("CausalLMCollator: computed_weight needs the trace token ids (ids=token_ids(tok))")
             weights = torch.ones((len(seqs), width), dtype=torch.float32)   # (B, T)
             for b, (p, t) in enumerate(seqs):
-                computed = torch.tensor(computed_locals_mask(list(t), self.ids), dtype=torch.bool)
+                computed = torch.tensor(computed_mask(list(t), self.ids), dtype=torch.bool)
                 weights[b, len(p):len(p) + len(t)][computed] = self.computed_weight
             batch["loss_weights"] = weights
         return batch

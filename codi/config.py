@@ -190,8 +190,8 @@ class TrainConfig:
 class SftConfig(TrainConfig):
     """`sft` (stage 1): the training hyperparameters plus the weighting of the trace's tokens."""
 
-    computed_weight: float = _f("loss weight of the locals tokens a LINE frame computes (those the frame before it "
-                                "does not have) against the copied ones; 1 = plain CE", gt=0)
+    computed_weight: float = _f("loss weight of the tokens the trace computes (the locals a LINE frame does not copy "
+                                "from the frame before, return/exception VALUEs) against the rest; 1 = plain CE", gt=0)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ def finish_wandb(report_to: list[str]) -> str | None:
     return where
 
 
-NOT_PLOTTED = frozenset({"epoch", "total_flos", "num_input_tokens_seen", "runtime"})
+NOT_PLOTTED = frozenset({"epoch", "total_flos", "num_input_tokens_seen", "runtime", "samples_per_second",
+                         "steps_per_second"})  # bookkeeping, not curves
 
 
 class LiveMetrics(DVCLiveCallback):

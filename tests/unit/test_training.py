@@ -60,8 +60,8 @@ def test_loss_is_the_mean_ce_over_trace_tokens_and_needs_no_mask():
     assert loss.item() == pytest.approx(masked.item(), rel=1e-6)  # right padding: the mask changes nothing
 
 
-def test_computed_locals_mask_marks_what_a_frame_does_not_copy():
-    from codi.batching import computed_locals_mask
+def test_computed_mask_marks_what_a_frame_does_not_copy_and_the_return_value():
+    from codi.batching import computed_mask
     from tests.codi_oracle import TOKEN_IDS as ids
 
     # CALL {a 1} | LINE {a 1} | LINE {a 1 , b 3} | LINE {a 2 , b 3} | RETURN
@@ -71,8 +71,8 @@ def test_computed_locals_mask_marks_what_a_frame_does_not_copy():
              ids.line_sep, a, one, comma, b, three, ids.action_sep, 52, ids.frame_sep,
              ids.line_sep, a, two, comma, b, three, ids.action_sep, 53, ids.frame_sep,
              ids.return_sep, ids.action_sep, 53, ids.arg_sep, three, ids.frame_sep, ids.eos]
-    marked = [trace[k] for k, m in enumerate(computed_locals_mask(trace, ids)) if m]
-    assert marked == [comma, b, three, two]  # the new variable b = 3, then a's new value; no copy, no action
+    marked = [trace[k] for k, m in enumerate(computed_mask(trace, ids)) if m]
+    assert marked == [comma, b, three, two, three]  # the new variable b = 3, a's new value, the return VALUE
 
 
 def test_the_weighted_loss_weights_computed_tokens_and_validation_stays_plain_ce(tmp_path):
