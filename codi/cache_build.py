@@ -24,7 +24,8 @@ from codi.tokens import token_ids, tokenizer_sha256
 from codi.traces import TracesFileError, read_traces
 from codi.tracing.format import entry_exit, locals_offsets, parse_trace, render_prompt
 
-TRACE_COLUMNS = ("sample_id", "source", "problem_id", "program", "call", "trace_text", "status", "n_frames")
+TRACE_COLUMNS = ("sample_id", "source", "problem_id", "program", "call", "trace_text", "status", "n_frames",
+                 "difficulty")
 
 
 def usable_traces(files: Iterable[Path], cfg: PrecomputeConfig, dropped: dict[str, Counter]) -> list[dict[str, Any]]:
@@ -80,6 +81,7 @@ def encode_rows(rows: list[dict[str, Any]], tok, cfg: PrecomputeConfig,
                 "prompt_ids": e.prompt_ids, "trace_ids": e.trace_ids, "spans": e.spans,
                 "answer_ids": list(a) + [ids.eos], "answer": r["answer_repr"], "program": r["program"],
                 "call": r["call"], "trace_text": r["trace_text"], "n_frames": r["n_frames"],
+                "difficulty": r["difficulty"],
             })
     return by_split
 

@@ -22,7 +22,7 @@ from codi.config import ConfigError
 from codi.files import atomic_path, file_sha256
 
 SPLITS = ("train", "val", "test", "holdout")
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 
 SCHEMA = pa.schema([
     ("sample_id", pa.string()),
@@ -38,6 +38,7 @@ SCHEMA = pa.schema([
     ("call", pa.string()),
     ("trace_text", pa.string()),             # the explicit trace (no eos): truth frames for evaluation
     ("n_frames", pa.int32()),
+    ("difficulty", pa.int32()),              # the source's level (synthetic: 1-3); 0 = ungraded
 ])
 
 

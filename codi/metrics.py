@@ -101,14 +101,15 @@ def first_error(pred: Prediction, truth_frames: Sequence[Frame]) -> str | None:
 
 
 def score_example(pred: Prediction, truth_frames: Sequence[Frame], *, truth: str | None = None,
-                  source: str = "", example_id: str = "", problem_id: str = "") -> dict[str, Any]:
+                  source: str = "", example_id: str = "", problem_id: str = "", difficulty: int = 0) -> dict[str, Any]:
     """Score one decoded example against its true trace (and answer, default: the trace's exit VALUE).
 
     `correct`: well-formed and the answer matches the truth (codi.answers: literal values type-strictly, else
     exact text); `reason` says why not ("malformed: ...", "no entry return/exception frame ...", "wrong answer").
     Explicit and latent: `trace_exact` (the (kind, line) sequence equals the truth's) and `action_accuracy`.
     Explicit: `locals_accuracy`. Cost: `positions` (tokens + latents generated) and `time_s`. `first_error`: the
-    kind of the first departure from the true trace (`first_error`). `problem_id` groups the bootstrap.
+    kind of the first departure from the true trace (`first_error`). `problem_id` groups the bootstrap;
+    `difficulty` (the source's level, 0 = ungraded) groups `per_difficulty`.
     """
     truth = truth if truth is not None else truth_answer(truth_frames)
     if pred.error:
@@ -121,6 +122,7 @@ def score_example(pred: Prediction, truth_frames: Sequence[Frame], *, truth: str
         "id": example_id,
         "problem_id": problem_id or example_id,
         "source": source,
+        "difficulty": difficulty,
         "mode": pred.mode,
         "correct": correct,
         "reason": reason,
@@ -155,6 +157,7 @@ def scores_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """The scored rows as a table: mode, source, problem, first error and the measures as float (None -> NaN)."""
     frame = pd.DataFrame.from_records(list(rows), columns=["mode", "source", "problem_id", "first_error",
                                                            *MEASURES.values()])
+    frame["difficulty"] = [int(r.get("difficulty", 0)) for r in rows]
     return frame.astype({c: "float64" for c in MEASURES.values()})
 
 
@@ -237,3 +240,11 @@ def summarize(rows: Sequence[dict[str, Any]], bootstrap: Bootstrap | None = None
         raise ValueError("no scored examples to summarize")
     frame = scores_frame(rows)
     return _by_mode(frame, bootstrap), {str(s): _by_mode(g, bootstrap) for s, g in frame.groupby("source")}
+
+
+def per_difficulty(rows: Sequence[dict[str, Any]], bootstrap: Bootstrap | None = None) -> dict[str, Any]:
+    """{level: summary of that level's rows} over the graded rows (difficulty > 0; ungraded sources such as
+    HumanEval are left out), levels ascending as strings ("1", "2", ...); {} when no row is graded."""
+    frame = scores_frame(rows)
+    graded = frame[frame["difficulty"] > 0]
+    return {str(d): _by_mode(g, bootstrap) for d, g in graded.groupby("difficulty")}

@@ -187,8 +187,10 @@ def _markdown_table(cells: pd.DataFrame) -> list[str]:
             + ["| " + " | ".join(map(str, row)) + " |" for row in cells.itertuples(index=False)])
 
 
-def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits: list[str]) -> str:
-    """The evaluation table per mode, the latent-vs-explicit ratios and the accuracy per source, in markdown."""
+def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits: list[str],
+                    per_difficulty: dict[str, Any] | None = None) -> str:
+    """The evaluation table per mode, the latent-vs-explicit ratios, the accuracy per source and, when several
+    levels were evaluated, per difficulty level (codi.metrics.per_difficulty), in markdown."""
     t = summary_table(overall, per_source).reindex(
         columns=["source", "mode", *SUMMARY_KEYS, "output_accuracy_ci", "first_error"]).astype(object)
     t = t.where(t.notna(), None)
@@ -218,4 +220,10 @@ def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits:
            .reindex(index=list(per_source), columns=list(top["mode"])).fillna("-"))
     acc.columns = [f"{m} acc" for m in acc.columns]
     lines += ["", *_markdown_table(acc.rename_axis("source").reset_index())]
+    if per_difficulty and len(per_difficulty) > 1:
+        modes = list(top["mode"])
+        rows = [{"difficulty": level, **{f"{m} acc [95% CI]": _with_ci(s[m]["output_accuracy"], s[m].get("output_accuracy_ci"))
+                                         + f" (n={s[m]['n']})" for m in modes if isinstance(s.get(m), dict)}}
+                for level, s in per_difficulty.items()]
+        lines += ["", "Accuracy per difficulty level of the graded sources:", "", *_markdown_table(pd.DataFrame(rows))]
     return "\n".join(lines) + "\n"

@@ -25,6 +25,7 @@ TRACE_SCHEMA = pa.schema([
     ("frames", pa.list_(FRAME_TYPE)), ("trace_text", pa.string()), ("return_repr", pa.string()),
     ("expected", pa.string()), ("match", pa.bool_()), ("status", pa.string()), ("reason", pa.string()),
     ("n_frames", pa.int32()), ("output", pa.string()),
+    ("difficulty", pa.int32()),  # a graded source's level (synthetic: 1-3); 0 = ungraded
 ])
 
 

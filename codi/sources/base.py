@@ -25,6 +25,7 @@ class Sample:
     call: str             # e.g. "f(1, 3)"
     expected: str | None = None
     setup: str = ""       # code run after the program and before the call (MBPP test_setup_code)
+    difficulty: int = 0   # a graded source's level (synthetic: its template's, 1-3); 0 = ungraded
 
 
 def normalize_program(code: str) -> str:

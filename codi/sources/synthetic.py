@@ -59,7 +59,7 @@ def generate(cfg: SyntheticConfig) -> list[Sample]:
         problem = f"{NAME}/{prog.index}"
         for k, (call, expected) in enumerate(prog.calls):
             samples.append(Sample(sample_id=f"{problem}/{k}", source=NAME, problem_id=problem,
-                                  program=prog.program, call=call, expected=expected))
+                                  program=prog.program, call=call, expected=expected, difficulty=prog.level))
     return samples
 
 

@@ -1,6 +1,6 @@
 """Stage `evaluate`: explicit-trace vs latent vs no-trace decoding on held-out problems.
 
-    python -m codi evaluate      # metrics/eval.{json,md}, metrics/eval_by_source.json, predictions, plots/eval/
+    python -m codi evaluate      # metrics/eval.{json,md}, eval_by_{source,difficulty}.json, predictions, plots
 
 Each mode decodes greedily (codi.decoding): `explicit` = the sft model writes the trace, `latent` = the codi
 model writes it with a latent block per LINE frame (exactly the latent_steps it was trained with), `direct` =
@@ -18,7 +18,7 @@ from codi.data import CacheDataset, check_tokenizer
 from codi.decoding import iter_decode, program_action_lines
 from codi.device import set_threads
 from codi.files import write_json, write_text
-from codi.metrics import Bootstrap, score_example, summarize
+from codi.metrics import Bootstrap, per_difficulty, score_example, summarize
 from codi.report import compact, markdown_report, write_plots, write_predictions
 from codi.tokens import load_tokenizer
 from codi.tracing.format import parse_trace
@@ -31,10 +31,11 @@ def load_examples(cache_dir: Path, splits: list[str], limit: int) -> list[dict[s
     for split in splits:
         ds = CacheDataset(cache_dir / f"{split}.arrow", limit=limit)
         answers, traces, programs = ds.column("answer"), ds.column("trace_text"), ds.column("program")
+        levels = ds.column("difficulty")
         for k in range(len(ds)):
             ex = ds[k]
             rows.append({"split": split, "id": ex["sample_id"], "problem_id": ex["problem_id"], "source": ex["source"],
-                         "program": programs[k],
+                         "program": programs[k], "difficulty": levels[k],
                          "prompt_ids": ex["prompt_ids"], "truth": answers[k], "frames": parse_trace(traces[k])})
     return rows
 
@@ -79,19 +80,22 @@ def run(params: Params, cache: Path, sft: Path, codi: Path, direct: Path, metric
                                    action_lines=lines))
         for ex, res in zip(examples, results):
             row = score_example(res, ex["frames"], truth=ex["truth"], source=ex["source"], example_id=ex["id"],
-                                problem_id=ex["problem_id"])
+                                problem_id=ex["problem_id"], difficulty=ex["difficulty"])
             row["split"] = ex["split"]
             rows.append(row)
             generated.append(res.text)
         acc = sum(r["correct"] for r in rows[-len(examples):]) / len(examples)
         print(f"evaluate {mode}: {len(examples)} examples in {time.time() - t0:.1f}s, output accuracy {acc:.3f}")
 
-    overall, per_source = summarize(rows, Bootstrap(cfg.bootstrap_samples, cfg.bootstrap_seed, cfg.ci_level))
+    boot = Bootstrap(cfg.bootstrap_samples, cfg.bootstrap_seed, cfg.ci_level)
+    overall, per_source = summarize(rows, boot)
+    by_level = per_difficulty(rows, boot)
     write_json(metrics_dir / "eval.json", compact(overall))
     write_json(metrics_dir / "eval_by_source.json", {s: compact(v) for s, v in per_source.items()})
+    write_json(metrics_dir / "eval_by_difficulty.json", {d: compact(v) for d, v in by_level.items()})
     write_predictions(rows, generated, predictions)
     write_plots(overall, per_source, plots)
-    report = markdown_report(overall, per_source, cfg.splits)
+    report = markdown_report(overall, per_source, cfg.splits, by_level)
     write_text(metrics_dir / "eval.md", report)
     print(report)
     return 0

@@ -37,7 +37,7 @@ def trace_row(sample: Sample, result: TraceResult) -> dict[str, Any]:
                    for f in result.frames],
         "trace_text": render_trace(list(result.frames)), "return_repr": result.return_repr,
         "expected": sample.expected, "match": result.match, "status": result.status, "reason": result.reason,
-        "n_frames": len(result.frames), "output": result.output,
+        "n_frames": len(result.frames), "output": result.output, "difficulty": sample.difficulty,
     }
 
 

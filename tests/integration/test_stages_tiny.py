@@ -138,6 +138,11 @@ def test_evaluate_outputs(ws):
     assert len(rows) == 3 * ev["explicit"]["n"]
     assert all(r["correct"] or r["reason"] for r in rows)  # every wrong row says why
     assert "| mode |" in (ws / "metrics/eval.md").read_text()
+    # every graded (synthetic) example is counted under its generator level; HumanEval is ungraded
+    by_level = json.loads((ws / "metrics/eval_by_difficulty.json").read_text())
+    by_source = json.loads((ws / "metrics/eval_by_source.json").read_text())
+    assert set(by_level) <= {"1", "2", "3"} and by_level
+    assert sum(v["explicit"]["n"] for v in by_level.values()) == by_source["synthetic"]["explicit"]["n"]
     for name in ("accuracy.png", "accuracy_vs_positions.png", "accuracy.csv", "accuracy_vs_positions.csv"):
         assert (ws / "plots/eval" / name).stat().st_size > 0
 

@@ -32,7 +32,7 @@ def row(k: int) -> dict:
     return {"sample_id": f"s/{k}/0", "source": "s", "problem_id": f"s/{k}", "prompt_ids": [1, 2, k],
             "trace_ids": list(range(k + 4)), "spans": [(0, 2)] if k % 2 else [(0, 2), (2, 3)],
             "answer_ids": [7, 8], "answer": repr(k), "program": "def f(): pass\n", "call": "f()",
-            "trace_text": "", "n_frames": 3}
+            "trace_text": "", "n_frames": 3, "difficulty": k % 3}
 
 
 def test_cache_round_trip_is_the_codi_contract(tmp_path):

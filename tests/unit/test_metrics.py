@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from codi.metrics import (
-    action_accuracy, cross_mode, locals_accuracy, mode_stats, score_example, summarize, truth_answer,
+    Bootstrap, action_accuracy, cross_mode, locals_accuracy, mode_stats, per_difficulty, score_example, summarize,
+    truth_answer,
 )
 from codi.tracing.format import Frame
 
@@ -115,6 +116,21 @@ def test_summarize_overall_and_per_source():
     json.dumps(top)
     json.dumps(per_source)
     assert set(top) == {"explicit", "latent", "direct", "retention", "compression", "speedup"}
+
+
+def test_per_difficulty_groups_graded_rows_by_level_and_leaves_ungraded_out():
+    right = Pred("explicit", list(TRUTH), "2")
+    wrong = Pred("explicit", list(TRUTH), "3")
+    rows = ([score_example(right, TRUTH, source="synthetic", example_id=f"l1/{k}", difficulty=1) for k in range(3)]
+            + [score_example(wrong, TRUTH, source="synthetic", example_id="l1/3", difficulty=1)]
+            + [score_example(wrong, TRUTH, source="synthetic", example_id=f"l2/{k}", difficulty=2) for k in range(2)]
+            + [score_example(right, TRUTH, source="humaneval", example_id="he/0")])  # ungraded: difficulty 0
+    assert [r["difficulty"] for r in rows] == [1, 1, 1, 1, 2, 2, 0]
+    levels = per_difficulty(rows, Bootstrap(200, 0))
+    assert list(levels) == ["1", "2"]
+    assert levels["1"]["explicit"]["n"] == 4 and levels["1"]["explicit"]["output_accuracy"] == pytest.approx(0.75)
+    assert levels["2"]["explicit"]["output_accuracy"] == 0.0 and levels["2"]["explicit"]["output_accuracy_ci"] == [0.0, 0.0]
+    assert per_difficulty([rows[-1]]) == {}  # nothing graded
 
 
 def test_cross_mode_needs_both_modes():

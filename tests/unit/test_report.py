@@ -98,6 +98,20 @@ def test_write_predictions_keeps_the_row_columns(tmp_path: Path) -> None:
         write_predictions(rows, ["only one"], path)
 
 
+def test_markdown_report_shows_difficulty_levels_only_when_there_are_several() -> None:
+    one = {"1": {"explicit": {**_stats(3, 2 / 3, 100.0, 0.02), "output_accuracy_ci": [0.3333, 1.0]}}}
+    assert "difficulty" not in markdown_report(OVERALL, PER_SOURCE, ["test"], one)
+    two = {**one, "2": {"explicit": _stats(2, 0.5, 300.0, 0.05)}}
+    text = markdown_report(OVERALL, PER_SOURCE, ["test"], two)
+    assert text.endswith("""Accuracy per difficulty level of the graded sources:
+
+| difficulty | explicit acc [95% CI] |
+|---|---|
+| 1 | 66.7% [33.3, 100.0] (n=3) |
+| 2 | 50.0% (n=2) |
+""")
+
+
 def test_markdown_report() -> None:
     assert markdown_report(OVERALL, PER_SOURCE, ["test", "val"]) == """\
 ## Evaluation on test, val

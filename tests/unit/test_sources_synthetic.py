@@ -60,6 +60,9 @@ def test_samples_and_ids():
     samples = generate(_cfg(2, n=50, calls=3))
     assert [s.sample_id for s in samples] == [f"synthetic/{i}/{k}" for i in range(50) for k in range(3)]
     assert all(s.problem_id == s.sample_id.rsplit("/", 1)[0] and s.source == "synthetic" for s in samples)
+    levels = {p.index: p.level for p in generate_programs(_cfg(2, n=50, calls=3))}  # each sample: its template's level
+    assert [s.difficulty for s in samples] == [levels[i] for i in range(50) for _ in range(3)]
+    assert {s.difficulty for s in samples} == {1, 2}
     for i in range(50):  # fresh inputs for every call of a program
         assert len({s.call for s in samples[3 * i:3 * i + 3]}) == 3
 
