@@ -207,6 +207,19 @@ class CodiConfig(TrainConfig):
     single_anchor: bool = _f("KD on the last frame only (vanilla CODI ablation)")
     ss_prob: float = _f("scheduled sampling: final probability of feeding a post-latent segment's own argmax", ge=0.0, le=1.0)
     ss_ramp_frac: float = _f("share of steps over which ss_prob ramps up linearly from 0", gt=0.0, le=1.0)
+    kd_norm: Literal["none", "teacher_std"] = _f("none (the reference) | teacher_std: each KD layer's smooth-L1 term "
+                                                 "divided by the detached std of the teacher's hidden states at that "
+                                                 "layer over the micro-batch's anchors (CODI's public code)")
+    kd_positions: Literal["action_sep", "action_line"] = _f("KD anchors of a latent frame: its <|action_sep|> (the "
+                                                            "reference) | action_line: also every token of its line")
+    recon_weight: float = _f("weight of the step-level reconstruction loss (SIM-CoT): a decoder reads a LINE frame's "
+                             "latents and must write its locals; 0 = off", ge=0.0)
+    recon_decoder: Literal["shared", "copy"] = _f("the reconstruction decoder: the model's own weights | an auxiliary "
+                                                  "copy of the sft model, trained alongside and dropped at inference")
+    latent_curriculum_frac: float = _f("the share of latent LINE frames (the first ones of each example) ramps from 0 "
+                                       "to 1 over this share of the steps; 0 = all latent from step 0", ge=0.0, le=1.0)
+    mix_explicit_prob: float = _f("share of each example's LINE frames (the last ones) kept explicit after the ramp",
+                                  ge=0.0, lt=1.0)
     val_accuracy_samples: int = _f("val examples decoded with latents at each evaluation (output accuracy); 0 = off", ge=0)
 
 

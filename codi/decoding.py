@@ -50,6 +50,8 @@ class DecodeResult:
     error: str                # "" when well-formed
     time_s: float
     answer_kind: str | None = None  # "return" / "exception" (explicit, latent); None otherwise
+    latent_norm: float | None = None    # latent: mean L2 norm of the latent input vectors
+    latent_cosine: float | None = None  # latent: mean cosine similarity between its latent blocks (>= 2 blocks)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -71,6 +73,8 @@ class _Row:
     time_s: float = 0.0
     trie: dict | None = None   # the program's lines as a token trie (constrained actions), or None
     node: dict | None = None   # inside an action: the trie node of the tokens written so far
+    forced: list[dict] | None = None  # teacher-forced actions: frame k's action is the trie forced[k]
+    latents: list[torch.Tensor] = field(default_factory=list)  # latent inputs fed, in order (diagnostics)
 
 
 _LINE_END = -1  # trie key: a whole line ends at this node
@@ -94,6 +98,12 @@ def program_action_lines(tokenizer, program: str) -> list[list[int]]:
     with its "\n" (the trace format's LINE is the raw source line). Tokenized alone, which equals the trace's
     tokens because `<|action_sep|>` (a special token) starts a fresh pre-tokenization."""
     lines = sorted({line + "\n" for line in program.splitlines() if line.strip()})
+    return [list(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]] if lines else []
+
+
+def true_action_lines(tokenizer, frames: Sequence[Frame]) -> list[list[int]]:
+    """Token ids of every frame's LINE in a true trace, in order: `forced_actions` for one prompt."""
+    lines = [f.source_line for f in frames]
     return [list(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]] if lines else []
 
 
@@ -126,6 +136,8 @@ class _Decoder:
                     row.node = row.node.get(token)
                     if row.node is None or _LINE_END in row.node:  # a whole line written: free again
                         row.node = None
+                elif token == t.action_sep and row.forced is not None and row.frames < len(row.forced):
+                    row.node = row.forced[row.frames]
                 elif token == t.action_sep and row.trie is not None:
                     row.node = row.trie
                 if row.marker is None:
@@ -150,7 +162,8 @@ class _Decoder:
             row.stop = "max_new_tokens"
 
     def run(self, prompts: Sequence[Sequence[int]],
-            action_lines: Sequence[Sequence[Sequence[int]]] | None = None) -> list[_Row]:
+            action_lines: Sequence[Sequence[Sequence[int]]] | None = None,
+            forced_actions: Sequence[Sequence[Sequence[int]]] | None = None) -> list[_Row]:
         dev = self.embed.weight.device
         dtype = self.embed.weight.dtype
         n = len(prompts)
@@ -158,6 +171,9 @@ class _Decoder:
         if action_lines is not None and self.mode != "direct":
             for row, lines in zip(rows, action_lines):
                 row.trie = build_action_trie(lines)
+        if forced_actions is not None and self.mode != "direct":
+            for row, frames in zip(rows, forced_actions):
+                row.forced = [build_action_trie([line]) for line in frames]
         width = max(len(p) for p in prompts)
         tokens = torch.full((n, width), self.t.pad, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
@@ -211,6 +227,8 @@ class _Decoder:
                     raise ValueError("latent decoding needs a projector")
                 emb = emb.clone()
                 emb[lat] = latent_input(self.projector, hidden[lat][:, None]).to(dtype)  # (L, 1, H)
+                for k in lat:
+                    rows[live[k]].latents.append(emb[k, 0].detach().float().cpu())
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             out = self.body(inputs_embeds=emb, attention_mask=mask, position_ids=next_pos[:, None],
                             cache=cache, use_cache=True)
@@ -308,6 +326,23 @@ def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, sto
 
 
 # ----------------------------------------------------------------------------------------- API
+def latent_statistics(latents: Sequence[torch.Tensor], latent_steps: int) -> tuple[float | None, float | None]:
+    """(mean L2 norm of the latent inputs, mean pairwise cosine similarity between the latent blocks) of one
+    decoded example; a block's vector is the mean of its `latent_steps` latents. The cosine is SIM-CoT's
+    collapse signature (blocks that all hold one vector); None with fewer than two blocks."""
+    if not latents or latent_steps < 1:
+        return None, None
+    x = torch.stack(list(latents))  # [blocks * steps, H]
+    norm = float(x.norm(dim=-1).mean())
+    blocks = x[:len(x) // latent_steps * latent_steps].view(-1, latent_steps, x.shape[-1]).mean(1)
+    if len(blocks) < 2:
+        return norm, None
+    unit = torch.nn.functional.normalize(blocks, dim=-1)
+    sim = unit @ unit.T
+    off = ~torch.eye(len(blocks), dtype=torch.bool)
+    return norm, float(sim[off].mean())
+
+
 def _check(mode: str, projector, latent_steps: int, max_new_tokens: int, max_frames: int) -> None:
     if mode not in MODES:
         raise ValueError(f"decoding mode {mode!r}: expected one of {MODES}")
@@ -322,16 +357,21 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
            projector: Callable[[torch.Tensor], torch.Tensor] | None = None, latent_steps: int = 1,
            max_new_tokens: int = 1024, max_frames: int = 256,
            ids: TraceTokenIds | None = None,
-           action_lines: Sequence[Sequence[Sequence[int]]] | None = None) -> list[DecodeResult]:
+           action_lines: Sequence[Sequence[Sequence[int]]] | None = None,
+           forced_actions: Sequence[Sequence[Sequence[int]]] | None = None) -> list[DecodeResult]:
     """Decode one batch of prompts (token id lists) greedily; results in prompt order.
 
     `action_lines`: per prompt, its program's lines as token ids (`program_action_lines`): actions
-    are decoded constrained to them (explicit, latent; docs/ARCHITECTURE.md, "Decoding"). None = unconstrained."""
+    are decoded constrained to them (explicit, latent; docs/ARCHITECTURE.md, "Decoding"). None = unconstrained.
+    `forced_actions`: per prompt, the true trace's LINE of every frame as token ids: frame k's action is
+    teacher-forced to the k-th (a diagnostic that separates lost state from a wrong line); frames past
+    the truth's fall back to `action_lines`."""
     _check(mode, projector, latent_steps, max_new_tokens, max_frames)
     if not prompts:
         return []
-    if action_lines is not None and len(action_lines) != len(prompts):
-        raise ValueError(f"action_lines: {len(action_lines)} entries for {len(prompts)} prompts")
+    for name, per_prompt in (("action_lines", action_lines), ("forced_actions", forced_actions)):
+        if per_prompt is not None and len(per_prompt) != len(prompts):
+            raise ValueError(f"{name}: {len(per_prompt)} entries for {len(prompts)} prompts")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt: every prompt must hold at least one token")
     t = ids or token_ids(tokenizer)
@@ -342,25 +382,29 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
     try:
         with torch.inference_mode():
             rows = _Decoder(mode, model, t, len(tokenizer), projector=projector, latent_steps=latent_steps,
-                            max_new_tokens=max_new_tokens, max_frames=max_frames).run(prompts, action_lines)
+                            max_new_tokens=max_new_tokens, max_frames=max_frames).run(prompts, action_lines,
+                                                                                     forced_actions)
     finally:
         for m, was in zip(modules, training):
             m.train(was)
     results = []
     for row in rows:
         text, frames, answer, kind, error = parse_generation(mode, row.ids, tokenizer, t, row.stop, latent_steps)
+        norm, cosine = latent_statistics(row.latents, latent_steps)
         results.append(DecodeResult(mode=mode, ids=row.ids, text=text, frames=frames, answer=answer,
                                     positions=len(row.ids), latent_blocks=row.latent_blocks, stop=row.stop,
-                                    error=error, time_s=row.time_s, answer_kind=kind))
+                                    error=error, time_s=row.time_s, answer_kind=kind, latent_norm=norm,
+                                    latent_cosine=cosine))
     return results
 
 
 def iter_decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[int]], *,
-                batch_size: int = 16, progress: bool = False, **kwargs) -> Iterator[DecodeResult]:
+                batch_size: int = 16, progress: bool | str = False, **kwargs) -> Iterator[DecodeResult]:
     """Decode many prompts in consecutive batches of `batch_size`, yielding results in prompt order.
 
     `kwargs` are `decode`'s (projector, latent_steps, max_new_tokens, max_frames, ids); `action_lines`
-    (one entry per prompt) is split into the same batches. `progress` shows a tqdm bar over batches."""
+    (one entry per prompt) is split into the same batches. `progress` shows a tqdm bar over batches (a string:
+    the bar's label)."""
     if batch_size < 1:
         raise ValueError(f"batch_size = {batch_size}: expected >= 1")
     _check(mode, kwargs.get("projector"), kwargs.get("latent_steps", 1),
@@ -368,10 +412,11 @@ def iter_decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequen
     starts = range(0, len(prompts), batch_size)
     if progress:
         from tqdm.auto import tqdm
-        starts = tqdm(starts, desc=f"decode {mode}", unit="batch")
-    action_lines = kwargs.pop("action_lines", None)
-    if action_lines is not None and len(action_lines) != len(prompts):
-        raise ValueError(f"action_lines: {len(action_lines)} entries for {len(prompts)} prompts")
+        starts = tqdm(starts, desc=progress if isinstance(progress, str) else f"decode {mode}", unit="batch")
+    per_prompt = {k: kwargs.pop(k, None) for k in ("action_lines", "forced_actions")}
+    for name, v in per_prompt.items():
+        if v is not None and len(v) != len(prompts):
+            raise ValueError(f"{name}: {len(v)} entries for {len(prompts)} prompts")
     for s in starts:
-        lines = None if action_lines is None else action_lines[s:s + batch_size]
-        yield from decode(mode, model, tokenizer, prompts[s:s + batch_size], action_lines=lines, **kwargs)
+        chunk = {k: None if v is None else v[s:s + batch_size] for k, v in per_prompt.items()}
+        yield from decode(mode, model, tokenizer, prompts[s:s + batch_size], **chunk, **kwargs)

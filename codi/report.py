@@ -188,9 +188,10 @@ def _markdown_table(cells: pd.DataFrame) -> list[str]:
 
 
 def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits: list[str],
-                    per_difficulty: dict[str, Any] | None = None) -> str:
-    """The evaluation table per mode, the latent-vs-explicit ratios, the accuracy per source and, when several
-    levels were evaluated, per difficulty level (codi.metrics.per_difficulty), in markdown."""
+                    per_difficulty: dict[str, Any] | None = None, diagnostics: dict[str, Any] | None = None) -> str:
+    """The evaluation table per mode, the latent-vs-explicit ratios, the latent diagnostics
+    (codi.metrics.latent_diagnostics), the accuracy per source and, when several levels were evaluated, per
+    difficulty level (codi.metrics.per_difficulty), in markdown."""
     t = summary_table(overall, per_source).reindex(
         columns=["source", "mode", *SUMMARY_KEYS, "output_accuracy_ci", "first_error"]).astype(object)
     t = t.where(t.notna(), None)
@@ -209,6 +210,14 @@ def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits:
     if ratios:
         paired = "; [95% paired bootstrap interval over problems]" if overall.get("retention_ci") else ""
         lines += ["", "Latent vs explicit: " + ", ".join(ratios) + f" (retention = latent accuracy / explicit accuracy{paired})."]
+    if diagnostics:
+        d = diagnostics
+        ci = ([d["forced_actions_accuracy_lo"], d["forced_actions_accuracy_hi"]]
+              if "forced_actions_accuracy_lo" in d else None)
+        lines += ["", f"Latent diagnostics: with every action line teacher-forced, output accuracy "
+                      f"{_with_ci(d['forced_actions_accuracy'], ci)}; latent norm {_fmt(d['latent_norm'])} vs token "
+                      f"embedding norm {_fmt(d['embedding_norm'])}; mean cosine between latent blocks "
+                      f"{'-' if d['latent_block_cosine'] is None else format(d['latent_block_cosine'], '.2f')}."]
     errors = [(m, fe) for m, fe in zip(top["mode"], top["first_error"]) if fe]
     if errors:
         kinds = [k for k in ("action", "locals", "value", "grammar", "none") if any(k in fe for _, fe in errors)]

@@ -6,11 +6,17 @@ the weights of a `codi.modeling.CodiModel`. It is deliberately plain: the refere
 transformers 5 API (`cache=`), nothing of the batched code under test but the weights. One documented
 extension: kd_target="logit" with the shared-weight teacher targets lm_head(teacher last hidden), detached.
 Scheduled sampling: one uniform per post-latent segment, examples then segments in order, from `ss_rng`.
+The options beyond the reference, as specified (docs/ARCHITECTURE.md, "CodiModel"): latent_share (the first
+round(share * n) LINE frames latent), kd_positions action_line (KD at the separator and its line's tokens),
+kd_norm teacher_std (each layer's term / the std of the batch's teacher anchors), and the reconstruction loss
+(a decoder reads a frame's latents + <|line_sep|> and writes its locals + <|action_sep|>). KD and
+reconstruction average over the examples that have a latent frame.
 `latent_block` is the lockstep decoder form of the training recurrence, for the consistency tests.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -42,7 +48,7 @@ def _select(hs, layers):
 
 def _teacher(model, full, labels, kd_pos):
     base, head, layers = model.model, model.model.lm_head, _kd_layers(model)
-    pos = torch.tensor(kd_pos, device=full.device)
+    pos = torch.tensor(kd_pos, dtype=torch.long, device=full.device)
     tch = model.frozen_teacher
     if tch is not None:  # frozen teacher: KD targets only, no teacher CE
         if next(tch.parameters()).device != full.device:
@@ -68,19 +74,35 @@ def _teacher(model, full, labels, kd_pos):
     return ce, kd
 
 
-def _latent_block(model, cache):
+def _latent_block(model, cache, latents=None):
+    """latent_start, the latents, latent_end; appends the latents' input embeddings to `latents`."""
     body, head, emb = model.model.model, model.model.lm_head, model.model.get_input_embeddings()
     ids, dev = model.token_ids, emb.weight.device
     o = body(inputs_embeds=emb(torch.tensor([[ids.latent_start]], device=dev)), cache=cache, use_cache=True)
     cache, h = o.cache, o.last_hidden_state[:, -1:]
+    block = []
     for _ in range(model.latent_steps):
-        o = body(inputs_embeds=model.projector(h), cache=cache, use_cache=True)
+        x = model.projector(h)
+        block.append(x[0, 0])
+        o = body(inputs_embeds=x, cache=cache, use_cache=True)
         cache, h = o.cache, o.last_hidden_state[:, -1:]
+    if latents is not None:
+        latents.append(torch.stack(block) if block else None)
     o = body(inputs_embeds=emb(torch.tensor([[ids.latent_end]], device=dev)), cache=cache, use_cache=True)
     return o.cache, head(o.last_hidden_state[:, -1])
 
 
-def _student(model, prompt, trace, spans, ss_prob, ss_rng):
+def _line_len(model, trace, j):
+    """KD anchors of a latent frame whose <|action_sep|> is trace[j]: 1, or (action_line) the separator and
+    the tokens of its line up to the next <|frame_sep|>."""
+    if model.kd_positions == "action_sep":
+        return 1
+    fs = model.token_ids.frame_sep
+    rest = trace[j + 1:].tolist()
+    return 1 + (rest.index(fs) if fs in rest else len(rest))
+
+
+def _student(model, prompt, trace, spans, ss_prob, ss_rng, latents, kd_m):
     base, emb, layers = model.model, model.model.get_input_embeddings(), _kd_layers(model)
     segs, prev, kd = [], 0, False
     for i, j in spans:
@@ -95,7 +117,7 @@ def _student(model, prompt, trace, spans, ss_prob, ss_rng):
     ce_logits, ce_targets, kd_vecs = [], [], []
     for s, (kind, ids, kd) in enumerate(segs):
         if kind == "latent":  # prev_logits predicted the dropped locals: replaced, never trained
-            cache, prev_logits = _latent_block(model, cache)
+            cache, prev_logits = _latent_block(model, cache, latents)
             continue
         inp = ids
         if kd and ss_prob > 0 and _uniform(ss_rng) < ss_prob:
@@ -115,42 +137,84 @@ def _student(model, prompt, trace, spans, ss_prob, ss_rng):
             ce_logits.append(logits[:-1])
             ce_targets.append(ids[1:])
         prev_logits = logits[-1:]
-        if kd:  # the segment's first token is the frame's <|action_sep|>
-            kd_vecs.append([h[0, 0] for h in _select(out.hidden_states, layers)])
+        if kd:  # the segment's first token is the frame's <|action_sep|> (its line follows)
+            m = kd_m.pop(0)
+            kd_vecs.append([h[0, :m] for h in _select(out.hidden_states, layers)])
     ce = F.cross_entropy(torch.cat(ce_logits), torch.cat(ce_targets))
-    s_kd = [torch.stack([v[layer] for v in kd_vecs]) for layer in range(len(kd_vecs[0]))]
+    if not kd_vecs:
+        return ce, None
+    s_kd = [torch.cat([v[layer] for v in kd_vecs]) for layer in range(len(kd_vecs[0]))]  # per layer [A, H]
     return ce, s_kd
 
 
-def _kd_loss(model, s_kd, t_kd):
-    s, t = torch.stack(s_kd), torch.stack(t_kd).detach()
+def _kd_loss(model, s_kd, t_kd, std):
+    s, t = torch.stack(s_kd), torch.stack(t_kd).detach()  # [L, A, H] or (logit) [1, A, V]
     if model.kd_target == "logit":
         temp = model.kd_temp
         sl, tl = model.model.lm_head(s).flatten(0, -2) / temp, t.flatten(0, -2) / temp
         return F.kl_div(F.log_softmax(sl, -1), F.softmax(tl, -1), reduction="batchmean") * temp * temp
-    return F.smooth_l1_loss(s, t)
+    if std is None:
+        return F.smooth_l1_loss(s, t)
+    return (F.smooth_l1_loss(s, t, reduction="none") / std[:, None, None]).mean()
 
 
-def oracle_forward(model, examples, ss_prob=0.0, ss_rng=None):
+def _recon(model, trace, spans, latents):
+    """Reconstruction CE of one example: per latent frame a fresh decoder pass over [its latents,
+    <|line_sep|>, its locals], trained on the locals then <|action_sep|>; mean over all the example's tokens."""
+    lm = model.recon_model if model.recon_model is not None else model.model
+    emb = lm.get_input_embeddings()
+    logits, targets = [], []
+    for (i, j), lat in zip(spans, latents):
+        inp = torch.cat([lat, emb(trace[i:j])])  # latents, <|line_sep|>, the locals
+        out = lm(inputs_embeds=inp[None], use_cache=False).logits[0]
+        logits.append(out[lat.shape[0]:])
+        targets.append(trace[i + 1:j + 1])
+    return F.cross_entropy(torch.cat(logits), torch.cat(targets))
+
+
+def oracle_forward(model, examples, ss_prob=0.0, ss_rng=None, latent_share=1.0):
     """The reference design, example by example, on `model`'s weights. Returns the same dict as CodiModel."""
     dev = model.model.get_input_embeddings().weight.device
-    tl = sl = kl = 0.0
-    for ex in examples:
+    tl = sl = 0.0
+    per_ex = []  # (student kd [L][A, H] or None, teacher kd, example index, latents, spans, trace)
+    for e, ex in enumerate(examples):
         prompt, trace = torch.tensor(ex["prompt_ids"], device=dev), torch.tensor(ex["trace_ids"], device=dev)
         spans = [tuple(s) for s in ex["spans"]]
+        spans = spans[:min(len(spans), math.floor(latent_share * len(spans) + 0.5))]
         full = torch.cat([prompt, trace])
         labels = torch.cat([torch.full((len(prompt),), -100, device=dev), trace])
-        kd_pos = [len(prompt) + j for _, j in spans]
+        ms = [_line_len(model, trace, j) for _, j in spans]
+        kd_pos = [len(prompt) + j + d for (_, j), m in zip(spans, ms) for d in range(m)]
         t_ce, t_kd = _teacher(model, full, labels, kd_pos)
-        s_ce, s_kd = _student(model, prompt, trace, spans, ss_prob, ss_rng)
-        if model.single_anchor:
-            t_kd, s_kd = [t[-1:] for t in t_kd], [s[-1:] for s in s_kd]
+        latents = []
+        s_ce, s_kd = _student(model, prompt, trace, spans, ss_prob, ss_rng, latents, list(ms))
+        if s_kd is not None and model.single_anchor:  # the last latent frame's anchors
+            t_kd, s_kd = [t[-ms[-1]:] for t in t_kd], [s[-ms[-1]:] for s in s_kd]
         tl = tl + (t_ce if t_ce is not None else 0.0)
-        sl, kl = sl + s_ce, kl + _kd_loss(model, s_kd, t_kd)
+        sl = sl + s_ce
+        per_ex.append((s_kd, t_kd, latents, spans, trace))
+    std = None
+    if model.kd_norm == "teacher_std":  # the population: every kept teacher anchor of the batch, per layer
+        pop = [torch.stack(t) for s, t, *_ in per_ex if s is not None]  # [L, A_e, H]
+        flat = torch.cat(pop, dim=1).detach().float()
+        std = flat.reshape(flat.shape[0], -1).std(dim=1).clamp(min=1e-6)
+    kl = rl = 0.0
+    for s_kd, t_kd, latents, spans, trace in per_ex:
+        if s_kd is None:
+            continue
+        kl = kl + _kd_loss(model, s_kd, t_kd, std)
+        if model.recon_weight > 0:
+            rl = rl + _recon(model, trace, spans, latents)
     n = len(examples)
-    loss = model.teacher_ce_weight * tl / n + model.student_ce_weight * sl / n + model.kd_weight * kl / n
+    n_latent = max(1, sum(s is not None for s, *_ in per_ex))
+    zero = torch.tensor(0.0, device=dev)
+    kl = kl if torch.is_tensor(kl) else zero
+    rl = rl if torch.is_tensor(rl) else zero
+    loss = (model.teacher_ce_weight * tl / n + model.student_ce_weight * sl / n + model.kd_weight * kl / n_latent
+            + (model.recon_weight * rl / n_latent if model.recon_weight > 0 else 0.0))
     t_log = (tl / n).detach() if torch.is_tensor(tl) else torch.tensor(0.0, device=dev)
-    return {"loss": loss, "teacher_loss": t_log, "student_loss": (sl / n).detach(), "kd_loss": (kl / n).detach()}
+    return {"loss": loss, "teacher_loss": t_log, "student_loss": (sl / n).detach(),
+            "kd_loss": (kl / n_latent).detach(), "recon_loss": (rl / n_latent).detach()}
 
 
 def oracle_latent_block(model, prefix_ids):

@@ -6,7 +6,9 @@
 
 The folder holds the base model in HF format (`save_pretrained`, safetensors: a tied lm_head is
 stored once and re-tied on load), the tokenizer, `thought_projector.safetensors` and
-`codi_config.json` (latent_steps, KD settings, loss weights, token ids, and the caller's `extra`).
+`codi_config.json` (latent_steps, KD settings, loss weights, the options beyond the reference, token ids, and
+the caller's `extra`). A config key this version does not know is refused: the model was trained with an
+option that the loader cannot honour. The auxiliary reconstruction decoder (recon_decoder copy) is not saved.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from torch import nn
 
 from codi.files import write_json
 from codi.modeling.latent import build_projector
-from codi.modeling.model import CodiModel
+from codi.modeling.model import KD_NORMS, KD_TARGETS, RECON_DECODERS, CodiModel
+from codi.modeling.plan import KD_POSITIONS
 from codi.tokens import TraceTokenIds, load_tokenizer, token_ids
 
 CODI_CONFIG = "codi_config.json"
 PROJECTOR_FILE = "thought_projector.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 folders predate these options: they were trained with the reference's behaviour.
+V1_DEFAULTS = {"kd_norm": "none", "kd_positions": "action_sep", "recon_weight": 0.0, "recon_decoder": "shared",
+               "latent_curriculum_frac": 0.0, "mix_explicit_prob": 0.0}
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,12 @@ class CodiArtifactConfig:
     teacher_ce_weight: float
     student_ce_weight: float
     kd_weight: float
+    kd_norm: str
+    kd_positions: str
+    recon_weight: float
+    recon_decoder: str
+    latent_curriculum_frac: float
+    mix_explicit_prob: float
     token_ids: TraceTokenIds
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -57,8 +69,10 @@ class LoadedCodi:
     config: CodiArtifactConfig
 
 
-def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write `model` (base + projector), `tokenizer` and codi_config.json into `out_dir`; returns it."""
+def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra: dict[str, Any] | None = None,
+                    curriculum: tuple[float, float] = (0.0, 0.0)) -> Path:
+    """Write `model` (base + projector), `tokenizer` and codi_config.json into `out_dir`; returns it.
+    `curriculum`: (latent_curriculum_frac, mix_explicit_prob) it was trained with (a schedule, not the model's)."""
     if not isinstance(model, CodiModel):
         raise ValueError(f"save_codi_model: expected a CodiModel (unwrap DDP with .module), got {type(model).__name__}")
     extra = dict(extra or {})
@@ -83,6 +97,9 @@ def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra
         "single_anchor": model.single_anchor, "frozen_teacher": model.frozen_teacher is not None,
         "teacher_ce_weight": model.teacher_ce_weight, "student_ce_weight": model.student_ce_weight,
         "kd_weight": model.kd_weight, "token_ids": model.token_ids.as_dict(), "extra": extra,
+        "kd_norm": model.kd_norm, "kd_positions": model.kd_positions, "recon_weight": model.recon_weight,
+        "recon_decoder": model.recon_decoder, "latent_curriculum_frac": float(curriculum[0]),
+        "mix_explicit_prob": float(curriculum[1]),
     }
     write_json(out / CODI_CONFIG, cfg, sort_keys=True)  # written last: its presence marks a complete folder
     return out
@@ -97,12 +114,23 @@ def read_codi_config(path: str | Path) -> CodiArtifactConfig:
         raise ValueError(f"{f}: cannot read the codi config ({e.strerror}); is {path} a saved codi model?") from None
     except ValueError as e:
         raise ValueError(f"{f}: invalid JSON: {e}") from None
-    if raw.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{f}: format_version = {raw.get('format_version')!r}: expected {FORMAT_VERSION}")
+    version = raw.get("format_version")
+    if version not in (1, FORMAT_VERSION):
+        raise ValueError(f"{f}: format_version = {version!r}: expected {FORMAT_VERSION} (or 1)")
+    if version == 1:
+        raw = {**V1_DEFAULTS, **raw}
     names = [n for n in CodiArtifactConfig.__dataclass_fields__ if n != "extra"]
     missing = [n for n in names if n not in raw]
     if missing:
         raise ValueError(f"{f}: missing key {missing[0]}")
+    unknown = sorted(set(raw) - set(names) - {"format_version", "extra"})
+    if unknown:
+        raise ValueError(f"{f}: unknown option {unknown[0]!r}: the model was trained with an option this version "
+                         "does not know; load it with the codi-trace version that wrote it")
+    for key, allowed in (("kd_target", KD_TARGETS), ("kd_norm", KD_NORMS), ("kd_positions", KD_POSITIONS),
+                         ("recon_decoder", RECON_DECODERS)):
+        if raw[key] not in allowed:
+            raise ValueError(f"{f}: {key} = {raw[key]!r}: this version knows {', '.join(allowed)}")
     try:
         ids = TraceTokenIds(**raw["token_ids"])
     except TypeError as e:

@@ -122,14 +122,17 @@ def latent_input(projector: Callable[[torch.Tensor], torch.Tensor], hidden: torc
 
 
 def latent_recurrence(rows: PaddedRows, projector: nn.Module, h: torch.Tensor, steps: int,
-                      active: torch.Tensor) -> torch.Tensor:
+                      active: torch.Tensor, inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Run `steps` recurrent latents: each step feeds projector(h) and takes the new post-norm hidden.
 
     h: [B, H], the last hidden of the position before the first latent (latent_start's). active: [B]
-    bool; inactive rows get a padding slot (zero input, masked) and keep their h. Returns h [B, H]."""
+    bool; inactive rows get a padding slot (zero input, masked) and keep their h. Returns h [B, H].
+    `inputs`, when given, receives each step's latent input [B, H] (zero for inactive rows)."""
     active = active.to(device=rows.device, dtype=torch.bool)
     for _ in range(steps):
         x = torch.where(active[:, None], latent_input(projector, h), torch.zeros((), dtype=h.dtype, device=h.device))
+        if inputs is not None:
+            inputs.append(x)
         last, _ = rows.step(x[:, None], active[:, None])
         h = torch.where(active[:, None], last[:, 0], h)
     return h

@@ -3,6 +3,7 @@
     ce = token_ce(hidden, head, targets)                  # [N] per-token CE (fp32)
     per_ex = per_example_mean(ce, example_index, n)       # [n]
     kd = kd_hidden_per_example(s, t, example_index, n)    # smooth L1, mean over layers x anchors x hidden
+    kd = kd_hidden_per_example(s, t, example_index, n, scale=teacher_std(t))   # codi.kd_norm: teacher_std
     kd = kd_logit_per_example(s_logits, t_logits, T, example_index, n)  # KL batchmean x T^2
 
 Losses are computed in float32 whatever the model dtype (the reference computes them in the model's
@@ -43,16 +44,32 @@ def per_example_sum(values: torch.Tensor, example: torch.Tensor, n: int) -> torc
 
 
 def per_example_mean(values: torch.Tensor, example: torch.Tensor, n: int) -> torch.Tensor:
-    """Mean of values [N] within each example -> [n] (every example must own at least one value)."""
+    """Mean of values [N] within each example -> [n]; an example that owns no value gets 0."""
     counts = torch.bincount(example, minlength=n).to(values.dtype)
-    return per_example_sum(values, example, n) / counts
+    return per_example_sum(values, example, n) / counts.clamp(min=1)
 
 
-def kd_hidden_per_example(s: torch.Tensor, t: torch.Tensor, example: torch.Tensor, n: int) -> torch.Tensor:
+# A teacher layer whose anchors all hold the same vector has std 0; the floor keeps its KD term finite.
+STD_FLOOR = 1e-6
+
+
+def teacher_std(t: torch.Tensor) -> torch.Tensor:
+    """codi.kd_norm = teacher_std: per KD layer, the standard deviation (unbiased) of the detached teacher
+    hidden states over every element of the micro-batch's KD anchors, t [A, L, H] -> [L] (A anchors: all
+    examples' kept anchors on this process; H hidden units). CODI's public code divides each layer's smooth-L1
+    term by `ref_selected.std()`, the same population. Floored at STD_FLOOR."""
+    flat = t.detach().float().transpose(0, 1).reshape(t.shape[1], -1)  # [L, A*H]
+    return flat.std(dim=1).clamp(min=STD_FLOOR)
+
+
+def kd_hidden_per_example(s: torch.Tensor, t: torch.Tensor, example: torch.Tensor, n: int,
+                          scale: torch.Tensor | None = None) -> torch.Tensor:
     """Smooth L1 between student s and teacher t [A, L, H] (anchors x layers x hidden), averaged over all
-    of an example's elements -> [n]."""
-    el = F.smooth_l1_loss(s.float(), t.float().detach(), reduction="none").sum(dim=(1, 2))  # [A]
-    return per_example_mean(el, example, n) / (s.shape[1] * s.shape[2])
+    of an example's elements -> [n]; with `scale` [L], layer l's elements are divided by scale[l] first."""
+    el = F.smooth_l1_loss(s.float(), t.float().detach(), reduction="none")  # [A, L, H]
+    if scale is not None:
+        el = el / scale.to(el)[None, :, None]
+    return per_example_mean(el.sum(dim=(1, 2)), example, n) / (s.shape[1] * s.shape[2])
 
 
 def kd_logit_per_example(s_logits: torch.Tensor, t_logits: torch.Tensor, temp: float,

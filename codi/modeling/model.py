@@ -2,16 +2,17 @@
 
     model = CodiModel.from_config(base, token_ids(tok), params.codi, params.alpha, params.beta, params.gamma,
                                   frozen_teacher=None)
-    out = model(examples, ss_prob=ss_ramp(step, max_steps, cfg.ss_prob, cfg.ss_ramp_frac), ss_rng=rng)
-    out["loss"].backward()        # out also holds teacher_loss, student_loss, kd_loss (detached)
+    out = model(examples, ss_prob=ss_ramp(...), ss_rng=rng, latent_share=latent_share(...))
+    out["loss"].backward()        # out also holds teacher_loss, student_loss, kd_loss, recon_loss (detached)
 
 One teacher pass, then the student in rounds on PaddedRows: 2 + F * max(1, latent_steps) model calls per
-batch (F = most LINE frames of an example), whatever its size. Equal to the per-example oracle of the
-reference (tests/unit/test_modeling_equivalence.py). Design, differences: docs/ARCHITECTURE.md, "CodiModel".
+batch (F = most latent LINE frames of an example), whatever its size; one more for the reconstruction.
+Equal to the per-example oracle (tests/unit/test_modeling_equivalence.py). Design: docs/ARCHITECTURE.md, "CodiModel".
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from contextlib import contextmanager
@@ -24,11 +25,14 @@ from torch.utils.checkpoint import checkpoint
 
 from codi.config import CodiConfig
 from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence
-from codi.modeling.losses import (kd_hidden_per_example, kd_logit_per_example, per_example_mean, token_ce)
-from codi.modeling.plan import ExamplePlan, draw_uniform, plan_example
+from codi.modeling.losses import (kd_hidden_per_example, kd_logit_per_example, per_example_mean, teacher_std,
+                                  token_ce)
+from codi.modeling.plan import KD_POSITIONS, ExamplePlan, draw_uniform, plan_example
 from codi.tokens import TraceTokenIds
 
 KD_TARGETS = ("hidden", "logit")
+KD_NORMS = ("none", "teacher_std")
+RECON_DECODERS = ("shared", "copy")
 
 
 def split_causal_lm(model: nn.Module, what: str) -> tuple[nn.Module, nn.Module, int]:
@@ -77,7 +81,8 @@ class CodiModel(nn.Module):
                  teacher_ce_weight: float, student_ce_weight: float, kd_weight: float,
                  kd_layers: Sequence[int] | None = None, single_anchor: bool = False,
                  frozen_teacher: nn.Module | None = None, kd_target: str = "hidden", kd_temp: float = 2.0,
-                 teacher_checkpointing: bool = True):
+                 teacher_checkpointing: bool = True, kd_norm: str = "none", kd_positions: str = "action_sep",
+                 recon_weight: float = 0.0, recon_decoder: str = "shared"):
         super().__init__()
         body, head, n_states = split_causal_lm(base, "base")
         if not isinstance(token_ids, TraceTokenIds):
@@ -94,6 +99,21 @@ class CodiModel(nn.Module):
             raise ValueError(f"codi.kd_temp = {kd_temp!r}: expected a finite number > 0")
         if not isinstance(single_anchor, bool):
             raise ValueError(f"codi.single_anchor = {single_anchor!r}: expected true or false")
+        if kd_norm not in KD_NORMS:
+            raise ValueError(f"codi.kd_norm = {kd_norm!r}: expected one of {', '.join(KD_NORMS)}")
+        if kd_norm == "teacher_std" and kd_target != "hidden":
+            raise ValueError("codi.kd_norm = 'teacher_std' normalises hidden-state KD; kd_target is "
+                             f"{kd_target!r} (use kd_norm none)")
+        if kd_positions not in KD_POSITIONS:
+            raise ValueError(f"codi.kd_positions = {kd_positions!r}: expected one of {', '.join(KD_POSITIONS)}")
+        if isinstance(recon_weight, bool) or not isinstance(recon_weight, (int, float)) \
+                or not math.isfinite(recon_weight) or recon_weight < 0:
+            raise ValueError(f"codi.recon_weight = {recon_weight!r}: expected a finite number >= 0")
+        if recon_decoder not in RECON_DECODERS:
+            raise ValueError(f"codi.recon_decoder = {recon_decoder!r}: expected one of {', '.join(RECON_DECODERS)}")
+        if recon_weight > 0 and latent_steps == 0:
+            raise ValueError("codi.recon_weight > 0 reconstructs each frame's locals from its latents, but "
+                             "codi.latent_steps = 0 makes no latents")
         vocab = base.get_input_embeddings().weight.shape[0]
         for name, tid in token_ids.as_dict().items():
             if not 0 <= tid < vocab:
@@ -137,6 +157,11 @@ class CodiModel(nn.Module):
             float(teacher_ce_weight), float(student_ce_weight), float(kd_weight))
         self.kd_layers_arg = None if kd_layers is None else list(kd_layers)
         self.kd_target, self.kd_temp, self.single_anchor = kd_target, float(kd_temp), single_anchor
+        self.kd_norm, self.kd_positions = kd_norm, kd_positions
+        self.recon_weight, self.recon_decoder = float(recon_weight), recon_decoder
+        # The auxiliary reconstruction decoder (SIM-CoT): a copy of the starting model, trained with the rest
+        # (a submodule: optimizer, DDP, checkpoints) and never saved into the final model folder.
+        self.recon_model = copy.deepcopy(base) if recon_weight > 0 and recon_decoder == "copy" else None
         # Recompute the teacher's layers in backward (memory of one layer instead of all); the
         # student keeps its KV cache either way. codi.gradient_checkpointing.
         self.teacher_checkpointing = bool(teacher_checkpointing)
@@ -161,7 +186,8 @@ class CodiModel(nn.Module):
         return cls(base, token_ids, latent_steps=cfg.latent_steps, teacher_ce_weight=alpha, student_ce_weight=beta,
                    kd_weight=gamma, kd_layers=cfg.kd_layers, single_anchor=cfg.single_anchor,
                    frozen_teacher=frozen_teacher, kd_target=cfg.kd_target, kd_temp=cfg.kd_temp,
-                   teacher_checkpointing=cfg.gradient_checkpointing)
+                   teacher_checkpointing=cfg.gradient_checkpointing, kd_norm=cfg.kd_norm,
+                   kd_positions=cfg.kd_positions, recon_weight=cfg.recon_weight, recon_decoder=cfg.recon_decoder)
 
     @property
     def frozen_teacher(self) -> nn.Module | None:
@@ -184,37 +210,54 @@ class CodiModel(nn.Module):
 
     # ----------------------------------------------------------------------------------- forward
     def forward(self, examples: Sequence[dict[str, Any]], ss_prob: float = 0.0,
-                ss_rng: random.Random | torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                ss_rng: random.Random | torch.Generator | None = None, latent_share: float = 1.0) -> dict[str, torch.Tensor]:
+        """The loss dict of a batch. `latent_share` (codi.modeling.plan.latent_share) is the share of each
+        example's LINE frames that are latent (the first ones); KD and reconstruction average over the examples
+        that have a latent frame (0 when none has)."""
         if not examples:
             raise ValueError("examples: expected a non-empty batch")
         if isinstance(ss_prob, bool) or not isinstance(ss_prob, (int, float)) or not 0.0 <= ss_prob <= 1.0:
             raise ValueError(f"ss_prob = {ss_prob!r}: expected a probability in [0, 1]")
         if ss_prob > 0 and ss_rng is None:
             raise ValueError("ss_rng: scheduled sampling (ss_prob > 0) needs an explicit random.Random or torch.Generator")
-        plans = [plan_example(ex, e, self.token_ids) for e, ex in enumerate(examples)]
+        plans = [plan_example(ex, e, self.token_ids, latent_share, self.kd_positions) for e, ex in enumerate(examples)]
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
         t_ce, t_kd = self._teacher(plans)
-        s_ce, s_kd = self._student(plans, flags)
+        s_ce, s_kd, latents = self._student(plans, flags)
 
-        counts = [p.n_spans for p in plans]
-        if self.single_anchor:  # keep each example's last anchor only
-            ends = torch.tensor(counts, device=dev).cumsum(0) - 1
-            t_kd, s_kd, anchor_ex = t_kd[ends], s_kd[ends], torch.arange(n, device=dev)
-        else:
-            anchor_ex = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(counts, device=dev))
-        if self.kd_target == "logit":  # s_kd: student last hidden [A, 1, H]; t_kd: teacher logits [A, 1, V]
+        counts = [p.n_anchors for p in plans]
+        if self.single_anchor:  # keep each example's last latent frame's anchors only
+            keep, start = [], 0
+            for p in plans:
+                if p.n_spans:
+                    last = p.anchor_counts[-1]
+                    keep.extend(range(start + p.n_anchors - last, start + p.n_anchors))
+                start += p.n_anchors
+            sel = torch.tensor(keep, dtype=torch.long, device=dev)
+            t_kd, s_kd = t_kd[sel], s_kd[sel]
+            counts = [p.anchor_counts[-1] if p.n_spans else 0 for p in plans]
+        anchor_ex = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(counts, device=dev))
+        if not sum(counts):  # no latent frame in the batch (latent curriculum at its start)
+            kd = torch.zeros(n, device=dev)
+        elif self.kd_target == "logit":  # s_kd: student last hidden [A, 1, H]; t_kd: teacher logits [A, 1, V]
             kd = kd_logit_per_example(self.head(s_kd[:, 0]), t_kd[:, 0], self.kd_temp, anchor_ex, n)
         else:
-            kd = kd_hidden_per_example(s_kd, t_kd, anchor_ex, n)
+            kd = kd_hidden_per_example(s_kd, t_kd, anchor_ex, n,
+                                       scale=teacher_std(t_kd) if self.kd_norm == "teacher_std" else None)
 
         zero = torch.zeros((), device=dev)
+        has_latent = torch.tensor([p.n_spans > 0 for p in plans], device=dev)
+        n_latent = has_latent.sum().clamp(min=1)
         t_loss = t_ce.mean() if t_ce is not None else zero
-        s_loss, kd_loss = s_ce.mean(), kd.mean()
+        s_loss, kd_loss = s_ce.mean(), kd.sum() / n_latent
+        recon_loss = self._recon(plans, latents).sum() / n_latent if self.recon_weight > 0 else zero
         loss = self.teacher_ce_weight * t_loss + self.student_ce_weight * s_loss + self.kd_weight * kd_loss
+        if self.recon_weight > 0:
+            loss = loss + self.recon_weight * recon_loss
         return {"loss": loss, "teacher_loss": t_loss.detach(), "student_loss": s_loss.detach(),
-                "kd_loss": kd_loss.detach()}
+                "kd_loss": kd_loss.detach(), "recon_loss": recon_loss.detach()}
 
     # ----------------------------------------------------------------------------------- teacher
     def _teacher(self, plans: list[ExamplePlan]) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -232,7 +275,8 @@ class CodiModel(nn.Module):
         mask = None
         pos = torch.arange(width, device=dev).expand(n, width)
         ids = ids.to(dev)
-        anchors = torch.tensor([e * width + a for e, p in enumerate(plans) for a in p.teacher_anchors], device=dev)
+        anchors = torch.tensor([e * width + a for e, p in enumerate(plans) for a in p.teacher_anchors],
+                               dtype=torch.long, device=dev)
 
         teacher = self.frozen_teacher
         if teacher is not None:
@@ -274,17 +318,21 @@ class CodiModel(nn.Module):
         return torch.stack(picked, dim=1)
 
     # ----------------------------------------------------------------------------------- student
-    def _student(self, plans: list[ExamplePlan], flags: list[list[bool]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(per-example CE [n], student KD hiddens [A, L, H] in (example, span) order).
+    def _student(self, plans: list[ExamplePlan], flags: list[list[bool]]
+                 ) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
+        """(per-example CE [n], student KD hiddens [A, L, H] in (example, span, anchor) order, and when the
+        reconstruction is on, each latent span's latent inputs {(example, span): [latent_steps, H]}).
 
         Round k >= 1 runs latent steps 1..latent_steps-1 as one-slot calls, then one call for
         [last latent, LE, text, LS]: the last latent's input (projector of the previous hidden) is
         known before that call, and LE attends to it causally within the call, so fusing it is exact."""
         dev, n = self.device, len(plans)
         n_rounds = max(p.n_spans for p in plans) + 1
-        offsets = [0]
+        offsets = [0]  # first anchor of each example in the teacher's (example, span, anchor) order
         for p in plans:
-            offsets.append(offsets[-1] + p.n_spans)
+            offsets.append(offsets[-1] + p.n_anchors)
+        span_first = [[sum(p.anchor_counts[:s]) for s in range(p.n_spans)] for p in plans]
+        latents: dict[tuple[int, int], torch.Tensor] = {}
         rows = PaddedRows(self.body, n, dev)
         ce_hidden, ce_tgt, ce_ex = [], [], []
         kd_parts, kd_order = [], []
@@ -299,8 +347,13 @@ class CodiModel(nn.Module):
                 act = act.to(dev)
                 fuse = 1 if k > 0 and self.latent_steps > 0 else 0  # slot 0 holds the round's last latent
                 rows.compact()
+                inputs: list[torch.Tensor] | None = [] if self.recon_weight > 0 else None
                 if fuse:
-                    h = latent_recurrence(rows, self.projector, h, self.latent_steps - 1, act)
+                    h = latent_recurrence(rows, self.projector, h, self.latent_steps - 1, act, inputs)
+                    fused = torch.where(act[:, None], latent_input(self.projector, h), zero)  # idle rows: zero input
+                    if inputs is not None:
+                        block = torch.stack(inputs + [fused], dim=1)  # [n, latent_steps, H]
+                        latents.update({(e, k - 1): block[e] for e in active})
                 ids, real, replace, last_slot, tgt_idx, width = self._round_block(plans, flags, active, k, fuse)
                 for e in active:
                     ce_tgt.extend(t for _, t in plans[e].rounds[k].targets)
@@ -311,8 +364,7 @@ class CodiModel(nn.Module):
                     emb = self.embed(block_ids)  # [n, W, H]
                     if not fuse:
                         return emb
-                    latent = torch.where(act[:, None], latent_input(self.projector, h), zero)  # idle rows: zero input
-                    return torch.cat([latent[:, None], emb[:, 1:]], dim=1)
+                    return torch.cat([fused[:, None], emb[:, 1:]], dim=1)
 
                 if replace is not None:
                     # Scheduled sampling: the student's own argmax on the ground truth (no grad, detached
@@ -323,19 +375,105 @@ class CodiModel(nn.Module):
                 last, hs = rows.step(embed_block(ids), real, hidden_layers=req if k > 0 else None)
                 ce_hidden.append(last.flatten(0, 1)[torch.tensor(tgt_idx, device=dev)])
                 if k > 0:
-                    anchor_idx = torch.tensor([e * width + fuse + plans[e].rounds[k].anchor for e in active], device=dev)
+                    slots = [(e, d, a) for e in active for d, a in enumerate(plans[e].rounds[k].anchors)]
+                    anchor_idx = torch.tensor([e * width + fuse + a for e, _, a in slots], dtype=torch.long, device=dev)
                     kd_parts.append(self._gather_layers(_Out(last, hs), self.student_layers, self.n_states, anchor_idx))
-                    kd_order.extend(offsets[e] + k - 1 for e in active)
+                    kd_order.extend(offsets[e] + span_first[e][k - 1] + d for e, d, _ in slots)
                 if k + 1 < n_rounds:
                     h = last[torch.arange(n, device=dev), last_slot.to(dev)]  # latent_start's hidden
         ce = token_ce(torch.cat(ce_hidden), self.head, torch.tensor(ce_tgt, device=dev))
         s_ce = per_example_mean(ce, torch.tensor(ce_ex, device=dev), n)
-        # Rounds collect anchors (round, example)-major; reorder to the teacher's (example, span) order.
+        if not kd_order:  # no latent frame in the batch
+            h_size = self.model.config.get_text_config().hidden_size
+            return s_ce, torch.zeros(0, len(self.student_layers), h_size, device=dev), latents
+        # Rounds collect anchors (round, example)-major; reorder to the teacher's (example, span, anchor) order.
         inv = [0] * len(kd_order)
         for at, g in enumerate(kd_order):
             inv[g] = at
-        s_kd = torch.cat(kd_parts)[torch.tensor(inv, device=dev)]
-        return s_ce, s_kd
+        s_kd = torch.cat(kd_parts)[torch.tensor(inv, dtype=torch.long, device=dev)]
+        return s_ce, s_kd, latents
+
+    # ---------------------------------------------------------------------------- reconstruction
+    @property
+    def recon_lm(self) -> nn.Module:
+        """The reconstruction decoder: the auxiliary copy (recon_decoder copy) or the model itself (shared)."""
+        return self.recon_model if self.recon_model is not None else self.model
+
+    def recon_inputs(self, plans: list[ExamplePlan], latents: dict[tuple[int, int], torch.Tensor]
+                     ) -> tuple[torch.Tensor, list[list[int]], list[tuple[int, int]]]:
+        """The reconstruction batch: one row per latent span, [latents, <|line_sep|>, locals...] right-padded
+        ([S, W, H] input embeddings of the decoder), each row's targets (the locals and `<|action_sep|>`, read at
+        slots latent_steps .. latent_steps + len - 1), and the (example, span) of each row."""
+        keys = sorted(latents)
+        dev, steps = self.device, self.latent_steps
+        emb = self.recon_lm.get_input_embeddings()
+        targets = []
+        for e, s in keys:
+            i, j = plans[e].spans[s]
+            targets.append(list(plans[e].trace[i + 1:j + 1]))  # the locals, then <|action_sep|>
+        width = steps + max(map(len, targets))
+        ids = torch.full((len(keys), width - steps), self.token_ids.pad, dtype=torch.long)
+        for r, ((e, s), tgt) in enumerate(zip(keys, targets)):
+            i = plans[e].spans[s][0]
+            ids[r, :len(tgt)] = torch.tensor([self.token_ids.line_sep] + tgt[:-1])  # teacher forcing
+        block = torch.stack([latents[k] for k in keys]).to(emb.weight.dtype)  # [S, steps, H]
+        return torch.cat([block, emb(ids.to(dev))], dim=1), targets, keys
+
+    def _recon(self, plans: list[ExamplePlan], latents: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
+        """Per-example reconstruction CE [n] (codi.recon_weight, SIM-CoT's step-level supervision): a decoder
+        reads only a LINE frame's latents and `<|line_sep|>`, and must write the frame's locals and
+        `<|action_sep|>` (teacher-forced); mean over an example's reconstructed tokens, 0 without latent frames.
+        One decoder call for every span of the batch (right padding, no mask: causal rows never see it)."""
+        n, dev = len(plans), self.device
+        if not latents:
+            return torch.zeros(n, device=dev)
+        inputs, targets, keys = self.recon_inputs(plans, latents)
+        body, head, _ = split_causal_lm(self.recon_lm, "codi recon decoder")
+        width = inputs.shape[1]
+        pos = torch.arange(width, device=dev).expand(len(keys), width)
+        with activation_checkpointing(self.recon_lm, False):
+            hidden = body(inputs_embeds=inputs, position_ids=pos, use_cache=False).last_hidden_state  # [S, W, H]
+        steps = self.latent_steps
+        idx = torch.tensor([r * width + steps + q for r, t in enumerate(targets) for q in range(len(t))],
+                           dtype=torch.long, device=dev)
+        tgt = torch.tensor([x for t in targets for x in t], dtype=torch.long, device=dev)
+        ex = torch.tensor([keys[r][0] for r, t in enumerate(targets) for _ in t], dtype=torch.long, device=dev)
+        return per_example_mean(token_ce(hidden.flatten(0, 1)[idx], head, tgt), ex, n)
+
+    @torch.no_grad()
+    def reconstruct(self, examples: Sequence[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+        """The reconstruction probe: for every LINE frame of `examples` (all latent, the student reading the
+        true trace), the reconstruction decoder's greedy locals from the frame's latents alone, against the
+        truth. Returns (predicted, truth) per frame: the truth ends with `<|action_sep|>`, the prediction at its
+        first `<|action_sep|>` or at the truth's length."""
+        if self.recon_weight <= 0:
+            raise ValueError("reconstruct: the model trains no reconstruction decoder (codi.recon_weight = 0)")
+        was = self.training
+        self.eval()
+        try:
+            plans = [plan_example(ex, e, self.token_ids, 1.0, self.kd_positions) for e, ex in enumerate(examples)]
+            _, _, latents = self._student(plans, [[False] * p.n_spans for p in plans])
+            inputs, targets, _ = self.recon_inputs(plans, latents)
+            body, head, _ = split_causal_lm(self.recon_lm, "codi recon decoder")
+            emb = self.recon_lm.get_input_embeddings()
+            steps, dev = self.latent_steps, self.device
+            seq = inputs[:, :steps + 1]  # latents and <|line_sep|>; then greedy, one token per call
+            preds: list[list[int]] = [[] for _ in targets]
+            done = [False] * len(targets)
+            for _ in range(max(map(len, targets))):
+                pos = torch.arange(seq.shape[1], device=dev).expand(seq.shape[0], -1)
+                last = body(inputs_embeds=seq, position_ids=pos, use_cache=False).last_hidden_state[:, -1]
+                nxt = head(last).argmax(-1)  # [S]
+                for r, tok in enumerate(nxt.tolist()):
+                    if not done[r]:
+                        preds[r].append(tok)  # capped at the truth's length: longer is wrong anyway
+                        done[r] = tok == self.token_ids.action_sep or len(preds[r]) == len(targets[r])
+                if all(done):
+                    break
+                seq = torch.cat([seq, emb(nxt)[:, None].to(seq.dtype)], dim=1)
+            return list(zip(preds, targets))
+        finally:
+            self.train(was)
 
     def _round_block(self, plans: list[ExamplePlan], flags: list[list[bool]], active: list[int], k: int, fuse: int):
         """Host-side tensors of round k: ids [n, W] (slot 0 a placeholder when fused), real [n, W],

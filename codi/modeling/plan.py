@@ -1,17 +1,21 @@
 """Pure-Python planning of one codi example: validation, the student's rounds, the scheduled-sampling ramp.
 
-    plan = plan_example(example, index, token_ids)   # ExamplePlan; ValueError names examples[index]
-    plan.rounds[k].tokens, .targets, .anchor, .ss_slots
+    plan = plan_example(example, index, token_ids, latent_share=1.0, kd_positions="action_sep")
+    plan.rounds[k].tokens, .targets, .anchors, .ss_slots
     p = ss_ramp(step, max_steps, ss_prob, ss_ramp_frac); u = draw_uniform(rng)  # random.Random | Generator
+    share = latent_share(step, max_steps, curriculum_frac, mix_explicit_prob)  # the latent curriculum
 
-Spans (i_1, j_1)..(i_n, j_n) over prompt P and trace T give n + 1 rounds (LS/LE = latent_start/end), with
-latents after each LS: round 0 = P + T[:i_1+1] + [LS]; round k = [LE] + T[j_k:i_{k+1}+1] + [LS]; round
-n = [LE] + T[j_n:]. Targets, anchors, equivalence: docs/ARCHITECTURE.md, "CodiModel" (student rounds).
+The first n = latent_frames(len(spans), share) spans (i_1, j_1)..(i_n, j_n) are latent; later LINE frames
+stay text. Over prompt P and trace T they give n + 1 rounds (LS/LE = latent_start/end), with latents after
+each LS: round 0 = P + T[:i_1+1] + [LS]; round k = [LE] + T[j_k:i_{k+1}+1] + [LS]; round n = [LE] + T[j_n:]
+(n = 0: one round, P + T). Targets, anchors: docs/ARCHITECTURE.md, "CodiModel" (student rounds).
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -26,7 +30,7 @@ class Round:
 
     tokens: tuple[int, ...]
     targets: tuple[tuple[int, int], ...]  # (slot, target id): the slot's logit is trained on the id
-    anchor: int | None                    # KD slot (the `<|action_sep|>`), None in round 0
+    anchors: tuple[int, ...]              # KD slots: the `<|action_sep|>` (and its line); () in round 0
     ends_in_latent: bool                  # last slot is latent_start: latents follow
     ss_slots: tuple[int, int] = (0, 0)    # scheduled sampling replaces slots [a, b) by argmax at slot - 1
 
@@ -35,7 +39,7 @@ class Round:
 class ExamplePlan:
     prompt: tuple[int, ...]
     trace: tuple[int, ...]
-    spans: tuple[tuple[int, int], ...]
+    spans: tuple[tuple[int, int], ...]    # the latent spans (the first n of the example's LINE frames)
     rounds: tuple[Round, ...]
 
     @property
@@ -44,8 +48,18 @@ class ExamplePlan:
 
     @property
     def teacher_anchors(self) -> tuple[int, ...]:
-        """Positions in prompt+trace of each frame's `<|action_sep|>` (the teacher's KD targets)."""
-        return tuple(len(self.prompt) + j for _, j in self.spans)
+        """Positions in prompt+trace of the KD anchors, span by span: each latent frame's `<|action_sep|>`
+        (and, with kd_positions action_line, the tokens of its line that follow)."""
+        return tuple(len(self.prompt) + j - 1 + a for (_, j), r in zip(self.spans, self.rounds[1:]) for a in r.anchors)
+
+    @property
+    def anchor_counts(self) -> tuple[int, ...]:
+        """KD anchors of each latent span."""
+        return tuple(len(r.anchors) for r in self.rounds[1:])
+
+    @property
+    def n_anchors(self) -> int:
+        return sum(self.anchor_counts)
 
 
 def _int_list(ex: Mapping[str, Any], key: str, where: str) -> tuple[int, ...]:
@@ -93,18 +107,39 @@ def check_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds) -> tupl
     return prompt, trace, tuple(spans)
 
 
-def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds) -> ExamplePlan:
-    """Check an example and lay out its student rounds (see the module docstring)."""
-    prompt, trace, spans = check_example(ex, index, ids)
+KD_POSITIONS = ("action_sep", "action_line")
+
+
+def line_length(trace: Sequence[int], j: int, ids: TraceTokenIds) -> int:
+    """Tokens from a LINE frame's `<|action_sep|>` at j up to (not including) its `<|frame_sep|>`: the
+    separator and its source line (to the trace's end if no `<|frame_sep|>` follows)."""
+    for q in range(j + 1, len(trace)):
+        if trace[q] == ids.frame_sep:
+            return q - j
+    return len(trace) - j
+
+
+def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_share: float = 1.0,
+                 kd_positions: str = "action_sep") -> ExamplePlan:
+    """Check an example and lay out its student rounds (see the module docstring): the first
+    latent_frames(len(spans), latent_share) LINE frames are latent; KD anchors at kd_positions."""
+    prompt, trace, all_spans = check_example(ex, index, ids)
+    if kd_positions not in KD_POSITIONS:
+        raise ValueError(f"codi.kd_positions = {kd_positions!r}: expected one of {', '.join(KD_POSITIONS)}")
+    spans = all_spans[:latent_frames(len(all_spans), latent_share)]
     ls, le = ids.latent_start, ids.latent_end
     n = len(spans)
     rounds = []
+    p = len(prompt)
+    if n == 0:  # every frame explicit: the student reads the whole trace, CE on every trace token
+        rounds.append(Round(tokens=prompt + trace, targets=tuple((p - 1 + t, trace[t]) for t in range(len(trace))),
+                            anchors=(), ends_in_latent=False))
+        return ExamplePlan(prompt=prompt, trace=trace, spans=(), rounds=tuple(rounds))
     # Round 0: the prompt's last logit predicts trace[0]; trace[t] predicts trace[t+1] up to i_1 - 1.
     i1 = spans[0][0]
     toks = prompt + trace[:i1 + 1] + (ls,)
-    p = len(prompt)
     rounds.append(Round(tokens=toks, targets=tuple((p - 1 + t, trace[t]) for t in range(i1 + 1)),
-                        anchor=None, ends_in_latent=True))
+                        anchors=(), ends_in_latent=True))
     for k in range(1, n + 1):
         j = spans[k - 1][1]
         last = k == n
@@ -115,9 +150,28 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds) -> Examp
         # Scheduled sampling keeps seg[0] (action_sep) and, unless last, seg[-1] (next line_sep):
         # seg[q] for q in [1, end) <- argmax at seg position q-1, i.e. slot q+1 <- slot q.
         end = len(seg) if last else len(seg) - 1
-        rounds.append(Round(tokens=toks, targets=targets, anchor=1, ends_in_latent=not last,
+        # KD anchors: slot 1 is the `<|action_sep|>`; action_line adds the slots of its line's tokens.
+        m = 1 if kd_positions == "action_sep" else min(line_length(trace, j, ids), len(seg))
+        rounds.append(Round(tokens=toks, targets=targets, anchors=tuple(range(1, 1 + m)), ends_in_latent=not last,
                             ss_slots=(2, 1 + end) if end > 1 else (0, 0)))
     return ExamplePlan(prompt=prompt, trace=trace, spans=spans, rounds=tuple(rounds))
+
+
+def latent_frames(n_line_frames: int, share: float) -> int:
+    """How many of an example's LINE frames are latent at a latent share in [0, 1]: the first
+    round(share * n), halves rounded up (share 1: all of them; share 0: none)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"latent_share = {share!r}: expected a share in [0, 1]")
+    return min(n_line_frames, math.floor(share * n_line_frames + 0.5))
+
+
+def latent_share(step: int, max_steps: int, curriculum_frac: float, mix_explicit_prob: float) -> float:
+    """Share of LINE frames that are latent at optimizer step `step` (codi.latent_curriculum_frac,
+    codi.mix_explicit_prob): a linear ramp from 0 to 1 over the first `curriculum_frac` of `max_steps`
+    (0 = all latent from step 0), times 1 - mix_explicit_prob (the last frames that stay explicit). Pure:
+    the model keeps no schedule state, so a resumed run gets the share an uninterrupted one would."""
+    ramp = 1.0 if curriculum_frac <= 0 else min(1.0, step / max(1.0, curriculum_frac * max_steps))
+    return ramp * (1.0 - mix_explicit_prob)
 
 
 def ss_ramp(step: int, max_steps: int, ss_prob: float, ss_ramp_frac: float) -> float:

@@ -18,8 +18,8 @@ from codi.modeling import CodiModel, save_codi_model
 from codi.tokens import load_tokenizer, token_ids
 from codi.training.checkpoints import run_fingerprint
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
-from codi.training.summary import codi_summary, save_loss_png
-from codi.training.codi_trainer import SUB_LOSSES, CodiTrainer, collate_examples
+from codi.training.summary import codi_summary, recon_probe, save_loss_png
+from codi.training.codi_trainer import CodiTrainer, collate_examples, sub_losses
 from codi.training.tracking import experiment_name
 
 
@@ -54,7 +54,8 @@ def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, me
 
     def save(trainer, folder: Path) -> None:
         save_codi_model(trainer.accelerator.unwrap_model(trainer.model), tok, folder,
-                        extra={"step": trainer.state.global_step, "experiment": experiment_name(), "params": logged})
+                        extra={"step": trainer.state.global_step, "experiment": experiment_name(), "params": logged},
+                        curriculum=(cfg.latent_curriculum_frac, cfg.mix_explicit_prob))
 
     k_acc = min(cfg.val_accuracy_samples, len(val_ds))
     job = TrainingJob(
@@ -76,8 +77,10 @@ def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, me
     summary = codi_summary(done.history, steps=done.trainer.state.global_step, seconds=done.seconds,
                            examples_per_step=cfg.batch_size * cfg.grad_accum * done.trainer.args.world_size,
                            steps_this_session=done.steps_this_session)
+    if cfg.recon_weight > 0 and len(val_ds):  # what the latents hold: locals decoded back from them (held out)
+        summary.update(recon_probe(done.trainer.accelerator.unwrap_model(done.trainer.model), val_ds, cfg.eval_batch_size))
     write_json(metrics, summary)
-    save_loss_png(done.history, ("loss", *SUB_LOSSES, "eval_loss", "eval_student_loss"), plots / "loss.png",
+    save_loss_png(done.history, ("loss", *sub_losses(cfg), "eval_loss", "eval_student_loss"), plots / "loss.png",
                   "codi: loss and sub-losses")
     print(f"codi: {summary['steps']} steps in {summary['train_runtime_s']}s; student loss "
           f"{summary['student_loss_first']} -> {summary['student_loss_last']}; val student loss "

@@ -15,10 +15,10 @@ from typing import Any
 
 from codi.config import ConfigError, Params
 from codi.data import CacheDataset, check_tokenizer
-from codi.decoding import iter_decode, program_action_lines
+from codi.decoding import iter_decode, program_action_lines, true_action_lines
 from codi.device import set_threads
 from codi.files import write_json, write_text
-from codi.metrics import Bootstrap, per_difficulty, score_example, summarize
+from codi.metrics import Bootstrap, latent_diagnostics, per_difficulty, score_example, summarize
 from codi.report import compact, markdown_report, write_plots, write_predictions
 from codi.tokens import load_tokenizer
 from codi.tracing.format import parse_trace
@@ -68,34 +68,43 @@ def run(params: Params, cache: Path, sft: Path, codi: Path, direct: Path, metric
     if not examples:
         raise ConfigError(f"evaluate.splits = {cfg.splits}: no examples in {cache_dir} for these splits")
     paths = {"sft": sft, "codi": codi, "sft_direct": direct}
-    rows, generated = [], []
+    boot = Bootstrap(cfg.bootstrap_samples, cfg.bootstrap_seed, cfg.ci_level)
+    rows, generated, diagnostics = [], [], None
     for mode in cfg.modes:
         model, tok, projector, latent_steps = load_mode_model(mode, paths, cache_dir)
         t0 = time.time()
         lines = ([program_action_lines(tok, e["program"]) for e in examples]
                  if cfg.constrain_actions and mode != "direct" else None)
-        results = list(iter_decode(mode, model, tok, [e["prompt_ids"] for e in examples], projector=projector,
-                                   latent_steps=latent_steps, max_new_tokens=cfg.max_new_tokens,
-                                   max_frames=cfg.max_frames, batch_size=cfg.batch_size, progress=True,
-                                   action_lines=lines))
-        for ex, res in zip(examples, results):
-            row = score_example(res, ex["frames"], truth=ex["truth"], source=ex["source"], example_id=ex["id"],
-                                problem_id=ex["problem_id"], difficulty=ex["difficulty"])
-            row["split"] = ex["split"]
-            rows.append(row)
-            generated.append(res.text)
+
+        def decode_all(forced: list | None, desc: str) -> list:
+            return list(iter_decode(mode, model, tok, [e["prompt_ids"] for e in examples], projector=projector,
+                                    latent_steps=latent_steps, max_new_tokens=cfg.max_new_tokens,
+                                    max_frames=cfg.max_frames, batch_size=cfg.batch_size, progress=desc,
+                                    action_lines=lines, forced_actions=forced))
+
+        def score(results: list) -> list[dict[str, Any]]:
+            return [score_example(res, ex["frames"], truth=ex["truth"], source=ex["source"], example_id=ex["id"],
+                                  problem_id=ex["problem_id"], difficulty=ex["difficulty"]) | {"split": ex["split"]}
+                    for ex, res in zip(examples, results)]
+
+        results = decode_all(None, f"decode {mode}")
+        rows += score(results)
+        generated += [res.text for res in results]
         acc = sum(r["correct"] for r in rows[-len(examples):]) / len(examples)
         print(f"evaluate {mode}: {len(examples)} examples in {time.time() - t0:.1f}s, output accuracy {acc:.3f}")
+        if mode == "latent":  # what the latents lose: the same decoding with every action line teacher-forced
+            forced = score(decode_all([true_action_lines(tok, e["frames"]) for e in examples], "latent, forced actions"))
+            diagnostics = latent_diagnostics(forced, results, model.get_input_embeddings().weight[:len(tok)], boot)
+            print(f"evaluate latent with teacher-forced actions: output accuracy {diagnostics['forced_actions_accuracy']:.3f}")
 
-    boot = Bootstrap(cfg.bootstrap_samples, cfg.bootstrap_seed, cfg.ci_level)
     overall, per_source = summarize(rows, boot)
     by_level = per_difficulty(rows, boot)
-    write_json(metrics_dir / "eval.json", compact(overall))
+    write_json(metrics_dir / "eval.json", compact(overall) | ({"latent_diagnostics": diagnostics} if diagnostics else {}))
     write_json(metrics_dir / "eval_by_source.json", {s: compact(v) for s, v in per_source.items()})
     write_json(metrics_dir / "eval_by_difficulty.json", {d: compact(v) for d, v in by_level.items()})
     write_predictions(rows, generated, predictions)
     write_plots(overall, per_source, plots)
-    report = markdown_report(overall, per_source, cfg.splits, by_level)
+    report = markdown_report(overall, per_source, cfg.splits, by_level, diagnostics)
     write_text(metrics_dir / "eval.md", report)
     print(report)
     return 0

@@ -19,10 +19,18 @@ from codi.config import CodiConfig
 from codi.decoding import iter_decode
 from codi.modeling import save_codi_model, ss_ramp
 from codi.modeling.io import PROJECTOR_FILE
+from codi.modeling.plan import latent_share
 from codi.training.grouped import LengthGroupedTrainer
 from codi.training.tracking import experiment_name
 
 SUB_LOSSES = ("teacher_loss", "student_loss", "kd_loss")
+RECON_LOSS = "recon_loss"  # a sub-loss only when codi.recon_weight > 0
+
+
+def sub_losses(cfg: CodiConfig) -> tuple[str, ...]:
+    """The sub-losses a run logs: the reference's three, and the reconstruction's when it is on."""
+    return SUB_LOSSES + ((RECON_LOSS,) if cfg.recon_weight > 0 else ())
+RECON_FILE = "recon_decoder.safetensors"  # checkpoints only: the auxiliary decoder (recon_decoder copy)
 
 
 def collate_examples(batch: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -37,8 +45,22 @@ def ss_rng(seed: int, step: int, micro: int, rank: int) -> random.Random:
     return random.Random(f"codi-ss/{seed}/{step}/{micro}/{rank}")
 
 
+def _tied_state(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A causal LM's state dict without a tied lm_head (safetensors refuses shared tensors)."""
+    tied = getattr(lm.config, "tie_word_embeddings", False)
+    return {k: v.detach().contiguous().cpu() for k, v in lm.state_dict().items() if not (tied and k == "lm_head.weight")}
+
+
+def save_recon_decoder(model, folder: str | Path) -> None:
+    """The auxiliary reconstruction decoder of a checkpoint (none to save under recon_decoder shared)."""
+    if model.recon_model is not None:
+        from safetensors.torch import save_file
+        save_file(_tied_state(model.recon_model), str(Path(folder) / RECON_FILE))
+
+
 def load_codi_weights(model, ckpt: str | Path) -> None:
-    """Load the base weights and the projector that save_codi_model wrote into an existing CodiModel."""
+    """Load the base weights and the projector that save_codi_model wrote into an existing CodiModel (and the
+    auxiliary reconstruction decoder of a checkpoint, which a model with one requires)."""
     from safetensors.torch import load_file
 
     ckpt = Path(ckpt)
@@ -53,14 +75,22 @@ def load_codi_weights(model, ckpt: str | Path) -> None:
                          f"unexpected {result.unexpected_keys[:3]})")
     model.model.tie_weights()
     model.projector.load_state_dict(load_file(str(ckpt / PROJECTOR_FILE)))
+    if model.recon_model is not None:
+        if not (ckpt / RECON_FILE).is_file():
+            raise ValueError(f"{ckpt}: no {RECON_FILE}, but codi.recon_decoder = copy needs the decoder's weights")
+        result = model.recon_model.load_state_dict(load_file(str(ckpt / RECON_FILE)), strict=False)
+        if set(result.missing_keys) - {"lm_head.weight"} or result.unexpected_keys:
+            raise ValueError(f"{ckpt / RECON_FILE}: weights do not match the reconstruction decoder")
+        model.recon_model.tie_weights()
 
 
 class CodiTrainer(LengthGroupedTrainer):
     """Trainer for CodiModel: overrides only the loss, logging, evaluation and (de)serialisation.
 
-    - loss: the model's L = alpha*Lt + beta*Ls + gamma*Lkd, with the scheduled-sampling probability a pure
-      function of the step (`ss_ramp`) and its draws from `ss_rng`;
-    - logging: the sub-losses averaged over each logging window, and the current ss probability;
+    - loss: the model's L = alpha*Lt + beta*Ls + gamma*Lkd (+ recon_weight*Lrecon), with the scheduled-sampling
+      probability (`ss_ramp`) and the latent share (`latent_share`) pure functions of the step, the ss draws
+      from `ss_rng`; validation runs every LINE frame latent (as decoded);
+    - logging: the sub-losses averaged over each logging window, the current ss probability and latent share;
     - evaluation: the losses on the val split (sharded over ranks) and the latent decoder's output accuracy
       on the first `codi.val_accuracy_samples` val examples;
     - checkpoints hold base + projector (loadable with `load_codi_model`) + optimizer, scheduler, RNG."""
@@ -76,15 +106,20 @@ class CodiTrainer(LengthGroupedTrainer):
         c = self.codi_cfg
         return ss_ramp(self.state.global_step, self.state.max_steps, c.ss_prob, c.ss_ramp_frac)
 
+    def latent_share(self) -> float:
+        c = self.codi_cfg
+        return latent_share(self.state.global_step, self.state.max_steps, c.latent_curriculum_frac, c.mix_explicit_prob)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         step = self.state.global_step
         micro = self._micro[1] + 1 if self._micro[0] == step else 0
         self._micro = (step, micro)
         p = self.ss_prob() if model.training else 0.0
         rng = ss_rng(self.codi_cfg.seed, step, micro, self.args.process_index) if p > 0 else None
-        out = model(inputs["examples"], ss_prob=p, ss_rng=rng)
+        share = self.latent_share() if model.training else 1.0
+        out = model(inputs["examples"], ss_prob=p, ss_rng=rng, latent_share=share)
         if model.training:
-            for k in SUB_LOSSES:
+            for k in sub_losses(self.codi_cfg):
                 self._window[k].append(out[k].item())
         return (out["loss"], out) if return_outputs else out["loss"]
 
@@ -93,6 +128,7 @@ class CodiTrainer(LengthGroupedTrainer):
             for k, v in self._window.items():
                 logs[k] = round(sum(v) / len(v), 6)
             logs["ss_prob"] = round(self.ss_prob(), 6)
+            logs["latent_share"] = round(self.latent_share(), 6)
             self._window.clear()
         super().log(logs, start_time)
 
@@ -113,21 +149,22 @@ class CodiTrainer(LengthGroupedTrainer):
 
     def _val_losses(self, core, ds, prefix: str) -> dict[str, float]:
         world, rank = self.args.world_size, self.args.process_index
-        sums = torch.zeros(len(SUB_LOSSES) + 2, dtype=torch.float64)  # loss, sub-losses..., count
+        names = sub_losses(self.codi_cfg)
+        sums = torch.zeros(len(names) + 2, dtype=torch.float64)  # loss, sub-losses..., count
         bs = self.args.per_device_eval_batch_size
         mine = list(range(rank, len(ds), world))  # each rank a shard; the sums are all-reduced
         with torch.no_grad():
             for s in range(0, len(mine), bs):
                 batch = [ds[k] for k in mine[s:s + bs]]
                 out = core(collate_examples(batch)["examples"])
-                vals = [out["loss"].item(), *(out[k].item() for k in SUB_LOSSES)]
+                vals = [out["loss"].item(), *(out[k].item() for k in names)]
                 sums[:-1] += torch.tensor(vals, dtype=torch.float64) * len(batch)
                 sums[-1] += len(batch)
         if world > 1:
             torch.distributed.all_reduce(sums)
         n = max(sums[-1].item(), 1.0)
         metrics = {f"{prefix}_loss": sums[0].item() / n}
-        metrics.update({f"{prefix}_{k}": v / n for k, v in zip(SUB_LOSSES, sums[1:-1].tolist())})
+        metrics.update({f"{prefix}_{k}": v / n for k, v in zip(names, sums[1:-1].tolist())})
         return metrics
 
     def _val_latent_accuracy(self, core, ds, k: int) -> float:
@@ -144,8 +181,11 @@ class CodiTrainer(LengthGroupedTrainer):
         if not self.args.should_save:
             return
         output_dir = output_dir or self.args.output_dir
-        save_codi_model(self.accelerator.unwrap_model(self.model), self.processing_class, output_dir,
-                        extra={"step": self.state.global_step, "experiment": experiment_name()})
+        core = self.accelerator.unwrap_model(self.model)
+        save_codi_model(core, self.processing_class, output_dir,
+                        extra={"step": self.state.global_step, "experiment": experiment_name()},
+                        curriculum=(self.codi_cfg.latent_curriculum_frac, self.codi_cfg.mix_explicit_prob))
+        save_recon_decoder(core, output_dir)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:

@@ -64,6 +64,7 @@ def codi_summary(history: Sequence[dict[str, Any]], *, steps: int, seconds: floa
         "student_loss_last": last.get("student_loss"),
         "teacher_loss_last": last.get("teacher_loss"),
         "kd_loss_last": last.get("kd_loss"),
+        **({"recon_loss_last": last["recon_loss"]} if "recon_loss" in last else {}),
         "val_loss": _r(last_eval.get("eval_loss")),
         "val_student_loss": _r(last_eval.get("eval_student_loss")),
         "val_latent_accuracy": _r(last_eval.get("eval_latent_accuracy")),
@@ -71,6 +72,22 @@ def codi_summary(history: Sequence[dict[str, Any]], *, steps: int, seconds: floa
         "examples_per_s": round(steps_this_session * examples_per_step / max(seconds, 1e-9), 2),
         "train_runtime_s": round(seconds, 1),
     }
+
+
+def recon_probe(model: Any, dataset: Any, batch_size: int) -> dict[str, float]:
+    """The held-out reconstruction probe (codi.recon_weight > 0): over every LINE frame of `dataset`, the share
+    whose locals the reconstruction decoder writes back exactly from the frame's latents, and the share of
+    truth tokens its greedy output matches position by position."""
+    exact = tokens = right = frames = 0
+    for s in range(0, len(dataset), batch_size):
+        batch = [dataset[k] for k in range(s, min(s + batch_size, len(dataset)))]
+        for pred, truth in model.reconstruct(batch):
+            frames += 1
+            exact += pred == truth
+            tokens += len(truth)
+            right += sum(p == t for p, t in zip(pred, truth))
+    return {"val_recon_exact_match": _r(exact / max(frames, 1)), "val_recon_token_accuracy": _r(right / max(tokens, 1)),
+            "val_recon_frames": frames}
 
 
 def save_loss_png(history: Sequence[dict[str, Any]], keys: Sequence[str], png: Path, title: str) -> None:

@@ -138,6 +138,10 @@ def test_evaluate_outputs(ws):
     assert len(rows) == 3 * ev["explicit"]["n"]
     assert all(r["correct"] or r["reason"] for r in rows)  # every wrong row says why
     assert "| mode |" in (ws / "metrics/eval.md").read_text()
+    diag = ev["latent_diagnostics"]  # the latent decoder again with the true action lines forced, and its latents
+    assert 0.0 <= diag["forced_actions_accuracy"] <= 1.0 and diag["embedding_norm"] > 0
+    assert diag["latent_norm"] is None or diag["latent_norm"] > 0  # None: the 4-step model wrote no LINE frame
+    assert "Latent diagnostics" in (ws / "metrics/eval.md").read_text()
     # every graded (synthetic) example is counted under its generator level; HumanEval is ungraded
     by_level = json.loads((ws / "metrics/eval_by_difficulty.json").read_text())
     by_source = json.loads((ws / "metrics/eval_by_source.json").read_text())
@@ -145,6 +149,35 @@ def test_evaluate_outputs(ws):
     assert sum(v["explicit"]["n"] for v in by_level.values()) == by_source["synthetic"]["explicit"]["n"]
     for name in ("accuracy.png", "accuracy_vs_positions.png", "accuracy.csv", "accuracy_vs_positions.csv"):
         assert (ws / "plots/eval" / name).stat().st_size > 0
+
+
+def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):
+    """kd_norm, kd_positions, the reconstruction with its own decoder and the latent curriculum: the stage trains,
+    reports the held-out reconstruction probe, records the options in models/codi, keeps the auxiliary decoder in
+    its checkpoints (not in the model), and a rerun resumes the finished run."""
+    from codi.modeling import load_codi_model
+
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("checkpoints", "dvclive"))
+    opts = {"kd_norm": "teacher_std", "kd_positions": "action_line", "recon_weight": 0.5, "recon_decoder": "copy",
+            "latent_curriculum_frac": 0.5, "mix_explicit_prob": 0.2, "latent_steps": 2}
+    write_params(other / "params.yaml", tiny_params(codi=opts))
+    assert cli(other, "codi") == 0
+    summary = json.loads((other / "metrics/codi.json").read_text())
+    assert 0.0 <= summary["val_recon_exact_match"] <= 1.0 and summary["val_recon_frames"] > 0
+    assert summary["recon_loss_last"] > 0
+    cfg = load_codi_model(other / "models/codi").config
+    assert {k: getattr(cfg, k) for k in opts} == opts
+    assert not any("recon" in f.name for f in (other / "models/codi").iterdir())
+    ckpts = sorted((other / "checkpoints/codi").glob("checkpoint-*"))
+    assert ckpts and all((c / "recon_decoder.safetensors").is_file() for c in ckpts)
+    shares = [h["latent_share"] for h in json.loads((ckpts[-1] / "trainer_state.json").read_text())["log_history"]
+              if "latent_share" in h]
+    # logged after steps 1..4 of 4: the ramp spans 2 steps, then 20% of the frames stay explicit
+    assert shares == pytest.approx([0.4, 0.8, 0.8, 0.8])
+    capsys.readouterr()
+    assert cli(other, "codi") == 0
+    assert "resuming from" in capsys.readouterr().out
 
 
 def test_rerun_resumes_the_finished_run(ws, capsys):

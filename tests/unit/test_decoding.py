@@ -18,8 +18,8 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from codi.answers import answers_match, direct_target_ids
-from codi.decoding import (LATENT, LATENT_TEXT, DecodeResult, build_action_trie, decode, iter_decode, parse_generation,
-                           program_action_lines)
+from codi.decoding import (LATENT, LATENT_TEXT, DecodeResult, build_action_trie, decode, iter_decode, latent_statistics,
+                           parse_generation, program_action_lines, true_action_lines)
 from codi.metrics import score_example
 from codi.tokens import ACTION_SEP, EOS, FRAME_SEP, PAD, TRACE_TOKENS, add_trace_tokens, token_ids
 from codi.tracing.format import Frame, actions, encode_value, render_frame, render_prompt, render_trace
@@ -511,3 +511,64 @@ def test_constrained_decoding_of_the_trained_model_is_unchanged(setup):
         decode("explicit", setup["trained"], tok, setup["prompts"], action_lines=lines[:1], **kw)
     with pytest.raises(ValueError, match="action_lines"):
         list(iter_decode("explicit", setup["trained"], tok, setup["prompts"], action_lines=lines[:1], **kw))
+
+
+# ------------------------------------------------------------------------------ latent diagnostics
+def test_forced_actions_write_exactly_the_true_lines_frame_by_frame(setup):
+    """With the true trace's lines forced, a random model's k-th action is the truth's k-th line (as far as the
+    model's own frames go), while the plain constrained decoder picks other program lines."""
+    tok, t = setup["tok"], setup["t"]
+    prompts = setup["prompts"]
+    truths = [true_action_lines(tok, frames) for _, _, frames in PROGRAMS]
+    lines = [program_action_lines(tok, p) for p, _, _ in PROGRAMS]
+    model = copy.deepcopy(setup["random"])
+    with torch.no_grad():
+        hidden = torch.cat([model.model(input_ids=torch.tensor([p])).last_hidden_state[0] for p in prompts])
+        model.lm_head.weight[t.action_sep] = 0.3 * hidden.mean(0)
+    kw = dict(projector=_projector(64, 5, constant=False), latent_steps=LATENT_STEPS, max_new_tokens=80, max_frames=64)
+    forced = decode("latent", model, tok, prompts, action_lines=lines, forced_actions=truths, **kw)
+    checked = 0
+    for r, truth in zip(forced, truths):
+        frames = _split_ids(r.ids, t.frame_sep)
+        for k, chunk in enumerate(frames[:len(truth)]):
+            if t.action_sep in chunk:
+                run = chunk[chunk.index(t.action_sep) + 1:]
+                line = truth[k]
+                assert run[:len(line)] == line or (k == len(frames) - 1 and line[:len(run)] == run)
+                checked += 1
+    assert checked >= 3
+    with pytest.raises(ValueError, match="forced_actions: 1 entries for 4 prompts"):
+        decode("latent", model, tok, prompts, forced_actions=truths[:1], **kw)
+    # the trained model decodes its traces right anyway: forcing the true lines changes nothing
+    kw = dict(projector=setup["prj"], latent_steps=LATENT_STEPS, max_new_tokens=400, max_frames=64)
+    free = decode("latent", setup["trained"], tok, prompts, **kw)
+    held = list(iter_decode("latent", setup["trained"], tok, prompts, batch_size=3, forced_actions=truths, **kw))
+    assert all(_same(a, b) for a, b in zip(free, held))
+
+
+def _split_ids(ids, sep):
+    chunks, cur = [], []
+    for i in ids:
+        cur.append(i)
+        if i == sep:
+            chunks.append(cur)
+            cur = []
+    return chunks + ([cur] if cur else [])
+
+
+def test_latent_statistics_norm_and_block_cosine():
+    e1, e2 = torch.tensor([3.0, 4.0]), torch.tensor([0.0, 2.0])
+    norm, cos = latent_statistics([e1, e1, e2, e2], latent_steps=2)  # blocks: e1, e2
+    assert norm == pytest.approx((5 + 5 + 2 + 2) / 4) and cos == pytest.approx(0.8)
+    assert latent_statistics([e1, e1], latent_steps=2) == (pytest.approx(5.0), None)  # one block: no pair
+    assert latent_statistics([], latent_steps=1) == (None, None)
+    collapsed = latent_statistics([e1, 2 * e1, 3 * e1], latent_steps=1)
+    assert collapsed[1] == pytest.approx(1.0)  # SIM-CoT's failure signature
+
+
+def test_decoded_latent_results_carry_their_statistics(setup):
+    kw = dict(projector=_projector(64, 3, constant=False), latent_steps=LATENT_STEPS, max_new_tokens=400, max_frames=64)
+    (r,) = decode("latent", setup["trained"], setup["tok"], setup["prompts"][1:2], **kw)
+    assert r.latent_blocks >= 2 and r.latent_norm > 0 and -1.0 <= r.latent_cosine <= 1.0
+    (e,) = decode("explicit", setup["trained"], setup["tok"], setup["prompts"][1:2], max_new_tokens=400, max_frames=64)
+    assert e.latent_norm is None and e.latent_cosine is None

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from codi.metrics import (
-    Bootstrap, action_accuracy, cross_mode, locals_accuracy, mode_stats, per_difficulty, score_example, summarize,
-    truth_answer,
+    Bootstrap, action_accuracy, cross_mode, latent_diagnostics, locals_accuracy, mode_stats, per_difficulty,
+    score_example, summarize, truth_answer,
 )
 from codi.tracing.format import Frame
 
@@ -131,6 +131,24 @@ def test_per_difficulty_groups_graded_rows_by_level_and_leaves_ungraded_out():
     assert levels["1"]["explicit"]["n"] == 4 and levels["1"]["explicit"]["output_accuracy"] == pytest.approx(0.75)
     assert levels["2"]["explicit"]["output_accuracy"] == 0.0 and levels["2"]["explicit"]["output_accuracy_ci"] == [0.0, 0.0]
     assert per_difficulty([rows[-1]]) == {}  # nothing graded
+
+
+def test_latent_diagnostics():
+    import torch
+
+    @dataclass
+    class Res:
+        latent_norm: float | None
+        latent_cosine: float | None
+
+    right = Pred("latent", _latent(TRUTH), "2")
+    rows = [score_example(right, TRUTH, example_id=f"e{k}") for k in range(3)] + \
+        [score_example(Pred("latent", _latent(TRUTH), "9"), TRUTH, example_id="e3")]
+    d = latent_diagnostics(rows, [Res(2.0, 0.5), Res(4.0, None), Res(None, None)], torch.full((5, 4), 0.5),
+                           Bootstrap(300, 0))
+    assert d["forced_actions_accuracy"] == 0.75 and 0.0 <= d["forced_actions_accuracy_lo"] <= 0.75 <= d["forced_actions_accuracy_hi"]
+    assert (d["latent_norm"], d["embedding_norm"], d["latent_block_cosine"]) == (3.0, 1.0, 0.5)
+    json.dumps(d)
 
 
 def test_cross_mode_needs_both_modes():

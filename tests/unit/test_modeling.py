@@ -47,6 +47,12 @@ def batch(frames=(1, 3, 2), seed=0):
     (dict(single_anchor="yes"), "codi.single_anchor"),
     (dict(kd_weight=-1.0), "gamma (kd_weight)"),
     (dict(teacher_ce_weight=float("nan")), "alpha (teacher_ce_weight)"),
+    (dict(kd_norm="layer"), "codi.kd_norm"),
+    (dict(kd_norm="teacher_std", kd_target="logit"), "codi.kd_norm"),
+    (dict(kd_positions="everywhere"), "codi.kd_positions"),
+    (dict(recon_weight=-0.1), "codi.recon_weight"),
+    (dict(recon_weight=1.0, recon_decoder="separate"), "codi.recon_decoder"),
+    (dict(recon_weight=1.0, latent_steps=0), "codi.recon_weight"),
 ])
 def test_bad_constructor_args_name_the_key(kw, key):
     args = {**W, "latent_steps": 1, **kw}
@@ -118,7 +124,71 @@ def test_plan_rounds_cover_the_non_locals_trace():
     assert sum(len(r.targets) for r in plan.rounds) == len(plan.trace) - locals_tokens
     assert [r.ends_in_latent for r in plan.rounds] == [True, True, True, False]
     for r in plan.rounds[1:]:
-        assert r.tokens[0] == TOKEN_IDS.latent_end and r.tokens[r.anchor] == TOKEN_IDS.action_sep
+        assert r.tokens[0] == TOKEN_IDS.latent_end and r.tokens[r.anchors[0]] == TOKEN_IDS.action_sep
+        assert r.anchors == (1,)
+
+
+def test_action_line_anchors_are_the_separator_and_its_line():
+    t = TOKEN_IDS
+    ex = {"prompt_ids": [t.trace_context_start, 20, t.frame_sep],
+          "trace_ids": [t.line_sep, 30, t.action_sep, 40, 41, t.frame_sep, t.line_sep, 31, 32, t.action_sep, 42,
+                        t.frame_sep, t.return_sep, t.action_sep, 43, t.arg_sep, 44, t.frame_sep, t.eos],
+          "spans": [(0, 2), (6, 9)]}
+    plan = plan_example(ex, 0, t, kd_positions="action_line")
+    assert [r.anchors for r in plan.rounds] == [(), (1, 2, 3), (1, 2)]
+    assert plan.anchor_counts == (3, 2) and plan.n_anchors == 5
+    p = len(ex["prompt_ids"])
+    assert plan.teacher_anchors == (p + 2, p + 3, p + 4, p + 9, p + 10)  # <|action_sep|> and its line's tokens
+    full = ex["prompt_ids"] + ex["trace_ids"]
+    assert [full[a] for a in plan.teacher_anchors] == [t.action_sep, 40, 41, t.action_sep, 42]
+    assert plan_example(ex, 0, t).teacher_anchors == (p + 2, p + 9)
+
+
+def test_latent_share_keeps_the_first_frames_latent():
+    ex = batch(frames=(4,))[0]
+    assert [plan_example(ex, 0, TOKEN_IDS, latent_share=s).n_spans for s in (0.0, 0.1, 0.125, 0.5, 0.8, 1.0)] == \
+        [0, 0, 1, 2, 3, 4]
+    plan = plan_example(ex, 0, TOKEN_IDS, latent_share=0.5)
+    assert plan.spans == tuple(tuple(s) for s in ex["spans"][:2])
+    # the explicit frames' locals are student targets again: every trace token but the latent locals
+    assert sum(len(r.targets) for r in plan.rounds) == len(plan.trace) - sum(j - i - 1 for i, j in plan.spans)
+    none = plan_example(ex, 0, TOKEN_IDS, latent_share=0.0)
+    assert len(none.rounds) == 1 and not none.rounds[0].ends_in_latent and none.teacher_anchors == ()
+    with pytest.raises(ValueError, match="latent_share"):
+        plan_example(ex, 0, TOKEN_IDS, latent_share=1.5)
+
+
+def test_latent_share_schedule_is_a_pure_ramp():
+    from codi.modeling.plan import latent_frames, latent_share
+    assert latent_share(0, 100, 0.0, 0.0) == 1.0                     # off: all latent from step 0
+    assert [latent_share(s, 100, 0.5, 0.0) for s in (0, 25, 50, 99)] == [0.0, 0.5, 1.0, 1.0]
+    assert latent_share(100, 100, 0.5, 0.25) == pytest.approx(0.75)  # mix: the last quarter stays explicit
+    assert latent_share(10, 100, 0.2, 0.0) == pytest.approx(0.5)
+    assert [latent_frames(3, s) for s in (0.0, 0.16, 0.17, 0.5, 0.75, 1.0)] == [0, 0, 1, 2, 2, 3]
+
+
+def test_reconstruct_probe_returns_each_frames_locals_against_the_truth():
+    m = build(2, recon_weight=1.0)
+    examples = batch(frames=(2, 1))
+    pairs = m.reconstruct(examples)
+    truth = [list(ex["trace_ids"][i + 1:j + 1]) for ex in examples for i, j in ex["spans"]]
+    assert [t for _, t in pairs] == truth
+    assert all(1 <= len(p) <= len(t) for p, t in pairs) and m.training
+    with pytest.raises(ValueError, match="recon_weight"):
+        build(1).reconstruct(examples)
+
+
+def test_recon_copy_is_a_trained_submodule_that_the_saved_model_leaves_out(tmp_path):
+    tok = tiny_tokenizer()
+    m = CodiModel(tiny_base(vocab=len(tok)), token_ids(tok), latent_steps=1, recon_weight=1.0,
+                  recon_decoder="copy", **W)
+    assert m.recon_model is not None and m.recon_model is not m.model
+    assert any(n.startswith("recon_model.") for n, _ in m.named_parameters())
+    out = save_codi_model(m, tok, tmp_path / "codi", curriculum=(0.5, 0.1))
+    cfg = read_codi_config(out)
+    assert (cfg.recon_weight, cfg.recon_decoder, cfg.latent_curriculum_frac, cfg.mix_explicit_prob) == (1.0, "copy", 0.5, 0.1)
+    assert (cfg.kd_norm, cfg.kd_positions) == ("none", "action_sep")
+    assert not any("recon" in f.name for f in out.iterdir())
 
 
 def test_ss_ramp_and_rng_requirements():
@@ -342,3 +412,21 @@ def test_save_and_load_errors(tmp_path):
         save_codi_model(build(), tok, tmp_path / "b")
     with pytest.raises(ValueError, match="codi_config.json"):
         load_codi_model(tmp_path / "missing")
+
+
+def test_a_saved_option_this_version_does_not_know_is_refused(tmp_path):
+    import json
+    tok = tiny_tokenizer()
+    out = save_codi_model(CodiModel(tiny_base(vocab=len(tok)), token_ids(tok), latent_steps=1, **W), tok, tmp_path / "c")
+    path = out / "codi_config.json"
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "latent_dropout": 0.1}))
+    with pytest.raises(ValueError, match="unknown option 'latent_dropout'"):
+        load_codi_model(out)
+    path.write_text(json.dumps({**raw, "kd_norm": "layer_std"}))
+    with pytest.raises(ValueError, match="kd_norm = 'layer_std'"):
+        load_codi_model(out)
+    v1 = {k: v for k, v in raw.items() if k not in ("kd_norm", "kd_positions", "recon_weight", "recon_decoder",
+                                                     "latent_curriculum_frac", "mix_explicit_prob")}
+    path.write_text(json.dumps({**v1, "format_version": 1}))  # an older folder: the reference's behaviour
+    assert read_codi_config(out).kd_norm == "none" and read_codi_config(out).recon_weight == 0.0

@@ -16,7 +16,7 @@ from codi.modeling import CodiModel  # noqa: E402
 from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, tiny_base  # noqa: E402
 
 torch.set_num_threads(1)
-LOSS_KEYS = ("loss", "teacher_loss", "student_loss", "kd_loss")
+LOSS_KEYS = ("loss", "teacher_loss", "student_loss", "kd_loss", "recon_loss")
 
 
 def build(latent_steps=1, teacher=None, attn="sdpa", **kw):
@@ -55,14 +55,14 @@ def run(fn, model):
     return {k: out[k].detach() for k in LOSS_KEYS}, grads(model)
 
 
-def assert_equal_to_oracle(model, examples, ss_prob=0.0, seed=7, rng_kind="random"):
+def assert_equal_to_oracle(model, examples, ss_prob=0.0, seed=7, rng_kind="random", latent_share=1.0):
     def rng():
         if rng_kind == "torch":
             return torch.Generator().manual_seed(seed)
         return random.Random(seed)
 
-    o_out, o_grads = run(lambda: oracle_forward(model, examples, ss_prob, rng()), model)
-    b_out, b_grads = run(lambda: model(examples, ss_prob=ss_prob, ss_rng=rng()), model)
+    o_out, o_grads = run(lambda: oracle_forward(model, examples, ss_prob, rng(), latent_share=latent_share), model)
+    b_out, b_grads = run(lambda: model(examples, ss_prob=ss_prob, ss_rng=rng(), latent_share=latent_share), model)
     for k in LOSS_KEYS:
         o, b = float(o_out[k]), float(b_out[k])
         # 1e-5 relative, with a 1e-6 absolute floor: a KD loss is a small difference of O(1) hiddens, so
@@ -146,6 +146,59 @@ def test_single_example_batch_matches_oracle():
     assert_equal_to_oracle(build(1, single_anchor=True, kd_layers=[-1]), mixed_batch(frames=(3,)))
 
 
+# ------------------------------------------------------------------ options beyond the reference
+NEW_OPTIONS = {
+    "kd_norm": dict(kd_norm="teacher_std"),
+    "kd_norm_layers": dict(kd_norm="teacher_std", kd_layers=[0, -1]),
+    "action_line": dict(kd_positions="action_line"),
+    "action_line_single_anchor": dict(kd_positions="action_line", single_anchor=True),
+    "action_line_logit": dict(kd_positions="action_line", kd_target="logit"),
+    "recon_shared": dict(recon_weight=0.7),
+    "recon_copy": dict(recon_weight=0.7, recon_decoder="copy"),
+    "all": dict(kd_norm="teacher_std", kd_positions="action_line", recon_weight=0.5, recon_decoder="copy"),
+}
+
+
+@pytest.mark.parametrize("latent_steps", [1, 3])
+@pytest.mark.parametrize("option", sorted(NEW_OPTIONS))
+def test_new_options_match_oracle(option, latent_steps):
+    model = build(latent_steps, **NEW_OPTIONS[option])
+    out = assert_equal_to_oracle(model, mixed_batch())
+    assert float(out["kd_loss"]) > 0
+    assert (float(out["recon_loss"]) > 0) == (model.recon_weight > 0)
+
+
+def test_the_options_change_the_loss_they_name():
+    examples = mixed_batch()
+    ref = build(1)(examples)
+    assert float(build(1, kd_norm="teacher_std")(examples)["kd_loss"]) != pytest.approx(float(ref["kd_loss"]))
+    assert float(build(1, kd_positions="action_line")(examples)["kd_loss"]) != pytest.approx(float(ref["kd_loss"]))
+    with_recon = build(1, recon_weight=2.0)(examples)
+    assert float(with_recon["loss"].detach()) == pytest.approx(
+        float(ref["loss"].detach()) + 2.0 * float(with_recon["recon_loss"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.5, 0.8])
+def test_latent_curriculum_share_matches_oracle(share):
+    model = build(2, recon_weight=0.5, kd_positions="action_line")
+    out = assert_equal_to_oracle(model, mixed_batch(seed=5, frames=(1, 3, 2, 4)), latent_share=share)
+    if share == 0.0:  # every frame explicit: no KD anchor, no latent, the student reads the whole trace
+        assert float(out["kd_loss"]) == 0.0 and float(out["recon_loss"]) == 0.0
+
+
+def test_latent_curriculum_with_scheduled_sampling_and_frozen_teacher_matches_oracle():
+    model = build(1, teacher=tiny_base(seed=5, layers=3), kd_norm="teacher_std", recon_weight=0.3,
+                  recon_decoder="copy")
+    assert_equal_to_oracle(model, mixed_batch(seed=6, frames=(2, 4, 1, 3)), ss_prob=0.6, latent_share=0.6)
+
+
+def test_a_share_of_zero_is_the_explicit_student():
+    # No latent frame: the student's CE equals the teacher's (both read prompt + the whole trace).
+    model = build(1)
+    out = model(mixed_batch(), latent_share=0.0)
+    assert float(out["student_loss"]) == pytest.approx(float(out["teacher_loss"]), rel=1e-5)
+
+
 # ------------------------------------------------------------------------------------ slow grid
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
@@ -156,5 +209,10 @@ def test_grid_matches_oracle(seed, latent_steps):
     examples = [make_example(rng, n, locals_len=(1, 8), code_len=(1, 8)) for n in frames]
     for kw in ({}, dict(kd_layers=[-1], single_anchor=True), dict(kd_target="logit")):
         assert_equal_to_oracle(build(latent_steps, **kw), examples)
+    for kw in ({}, dict(kd_layers=[-1], single_anchor=True)):  # every new option at once, on the same grid
+        kw = dict(kw, kd_norm="teacher_std", kd_positions="action_line",
+                  **(dict(recon_weight=0.5, recon_decoder=("copy" if seed % 2 else "shared")) if latent_steps else {}))
+        assert_equal_to_oracle(build(latent_steps, **kw), examples, latent_share=rng.choice([0.4, 0.7, 1.0]))
+        assert_equal_to_oracle(build(latent_steps, **kw), examples, ss_prob=0.5, seed=seed, latent_share=0.5)
     assert_equal_to_oracle(build(latent_steps, teacher=tiny_base(seed=9), kd_target="logit"), examples)
     assert_equal_to_oracle(build(latent_steps), examples, ss_prob=0.7, seed=seed)

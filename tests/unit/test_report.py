@@ -98,6 +98,15 @@ def test_write_predictions_keeps_the_row_columns(tmp_path: Path) -> None:
         write_predictions(rows, ["only one"], path)
 
 
+def test_markdown_report_states_the_latent_diagnostics() -> None:
+    d = {"forced_actions_accuracy": 0.5, "forced_actions_accuracy_lo": 0.25, "forced_actions_accuracy_hi": 0.75,
+         "latent_norm": 9.81, "embedding_norm": 1.23, "latent_block_cosine": 0.4}
+    text = markdown_report(OVERALL, PER_SOURCE, ["test"], None, d)
+    assert ("Latent diagnostics: with every action line teacher-forced, output accuracy 50.0% [25.0, 75.0]; latent "
+            "norm 9.8 vs token embedding norm 1.2; mean cosine between latent blocks 0.40.") in text
+    assert "Latent diagnostics" not in markdown_report(OVERALL, PER_SOURCE, ["test"])
+
+
 def test_markdown_report_shows_difficulty_levels_only_when_there_are_several() -> None:
     one = {"1": {"explicit": {**_stats(3, 2 / 3, 100.0, 0.02), "output_accuracy_ci": [0.3333, 1.0]}}}
     assert "difficulty" not in markdown_report(OVERALL, PER_SOURCE, ["test"], one)
