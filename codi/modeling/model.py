@@ -413,8 +413,7 @@ class CodiModel(nn.Module):
             targets.append(list(plans[e].trace[i + 1:j + 1]))  # the locals, then <|action_sep|>
         width = steps + max(map(len, targets))
         ids = torch.full((len(keys), width - steps), self.token_ids.pad, dtype=torch.long)
-        for r, ((e, s), tgt) in enumerate(zip(keys, targets)):
-            i = plans[e].spans[s][0]
+        for r, tgt in enumerate(targets):
             ids[r, :len(tgt)] = torch.tensor([self.token_ids.line_sep] + tgt[:-1])  # teacher forcing
         block = torch.stack([latents[k] for k in keys]).to(emb.weight.dtype)  # [S, steps, H]
         return torch.cat([block, emb(ids.to(dev))], dim=1), targets, keys

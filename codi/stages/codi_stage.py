@@ -69,7 +69,10 @@ def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, me
         save=save,
         # The teacher's activation checkpointing is CodiModel's own; the Trainer's flag would call
         # gradient_checkpointing_enable on a module that is not a PreTrainedModel.
-        args_extra={"activation_checkpointing": False, "ddp_find_unused_parameters": cfg.latent_steps == 0})
+        # DDP must expect parameters without a gradient when there are steps without latents: latent_steps 0
+        # (the projector), or the start of a latent curriculum (the projector and the reconstruction decoder).
+        args_extra={"activation_checkpointing": False,
+                    "ddp_find_unused_parameters": cfg.latent_steps == 0 or cfg.latent_curriculum_frac > 0})
     done = train(job, StagePaths(out=out, checkpoints=checkpoints, live=live), params.wandb)
     if not done.is_main:
         return 0
