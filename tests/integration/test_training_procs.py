@@ -106,3 +106,28 @@ def test_two_process_gloo_ddp(ws, stage, launch):
     assert metrics["steps"] == (40 if stage == "sft" else 12)
     assert (ws / f"ddp-{stage}" / "model.safetensors").is_file()
     assert proc.stdout.count(f"{stage}: ") == 1  # one summary: only rank 0 writes outputs
+
+
+def test_codi_with_a_latent_curriculum_and_its_own_decoder_under_ddp_and_kill_9(ws):
+    """The start of a latent curriculum has no latent (the projector and the reconstruction decoder get no
+    gradient: DDP must expect that), and a killed run resumes with the auxiliary decoder's weights."""
+    if not (ws / "models/sft").exists():
+        run(ws, stage_cmd("sft", "models/sft", "ck/sft-base"))
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params["codi"].update(latent_curriculum_frac=0.5, recon_weight=0.5, recon_decoder="copy", kd_norm="teacher_std")
+    write_params(ws / "curriculum.yaml", params)
+    params["codi"]["cpu_processes"] = 2
+    write_params(ws / "curriculum-ddp.yaml", params)
+
+    def cmd(out: str, ck: str, file: str) -> list[str]:
+        return [c if c != "params.yaml" else file for c in stage_cmd("codi", out, ck)]
+
+    proc = run(ws, cmd("cur-ddp", "ck/cur-ddp", "curriculum-ddp.yaml"), timeout=400)
+    assert "launching 2 data-parallel CPU processes" in proc.stdout
+    assert json.loads((ws / "m/cur-ddp.json").read_text())["steps"] == 12
+    run(ws, cmd("cur-ref", "ck/cur-ref", "curriculum.yaml"))
+    ck = ws / "ck/cur-kill"
+    kill_after_first_checkpoint(ws, cmd("cur-kill", str(ck), "curriculum.yaml"), ck)
+    assert "resuming from" in run(ws, cmd("cur-kill", str(ck), "curriculum.yaml")).stdout
+    a, b = weights(ws / "cur-ref"), weights(ws / "cur-kill")
+    assert all((a[k] == b[k]).all() for k in a), "resumed run ended with different weights"
