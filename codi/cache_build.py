@@ -22,7 +22,7 @@ from codi.data import CACHE_FORMAT_VERSION, SPLITS, split_of
 from codi.spans import encode_examples
 from codi.tokens import token_ids, tokenizer_sha256
 from codi.traces import TracesFileError, read_traces
-from codi.tracing.format import entry_exit, locals_offsets, parse_trace, render_prompt
+from codi.tracing.format import entry_exit, exit_kind, locals_offsets, parse_trace, render_prompt
 
 TRACE_COLUMNS = ("sample_id", "source", "problem_id", "program", "call", "trace_text", "status", "n_frames",
                  "difficulty")
@@ -51,8 +51,8 @@ def usable_traces(files: Iterable[Path], cfg: PrecomputeConfig, dropped: dict[st
             if not spans:
                 dropped[src]["no_line_frames"] += 1
                 continue
-            if exit_frame is None or exit_frame.kind != "return":
-                raise ConfigError(f"{f}: sample {r['sample_id']} has status ok but no entry return frame")
+            if exit_frame is None or exit_kind(frames, exit_frame) != "return":
+                raise ConfigError(f"{f}: sample {r['sample_id']} has status ok but its entry call does not return")
             r["prompt"] = render_prompt(r["program"], r["call"])
             r["char_spans"] = spans
             r["answer_repr"] = exit_frame.value_repr()  # the trace's own VALUE: the truth of every mode

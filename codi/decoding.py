@@ -25,7 +25,7 @@ from codi.answers import parse_direct
 from codi.modeling.latent import latent_input
 from codi.modeling.model import split_causal_lm
 from codi.tokens import ACTION_SEP, LINE_SEP, TraceTokenIds, token_ids
-from codi.tracing.format import Frame, TraceParseError, entry_exit, parse_frames_prefix
+from codi.tracing.format import Frame, TraceParseError, entry_exit, exit_kind, parse_frames_prefix
 
 Mode = Literal["explicit", "latent", "direct"]
 StopReason = Literal["entry_exit", "eos", "max_frames", "max_new_tokens"]
@@ -146,7 +146,7 @@ class _Decoder:
                     row.frames += 1
                     if row.marker == t.call_sep:
                         row.depth += 1
-                    elif row.marker in (t.return_sep, t.exception_sep):
+                    elif row.marker == t.return_sep:  # an exception frame is an event, not an exit
                         row.depth -= 1
                         if row.depth == 0:  # the entry call's exit frame is complete
                             row.stop = "entry_exit"
@@ -321,8 +321,8 @@ def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, sto
             except TraceParseError as e:
                 if "followed by" in str(e):
                     return text, frames, None, None, f"malformed: {e}"
-        return text, frames, None, None, f"no entry return/exception frame (stopped by {stop})"
-    return text, frames, exit_frame.value_repr(), exit_frame.kind, ""
+        return text, frames, None, None, f"no entry return frame (stopped by {stop})"
+    return text, frames, exit_frame.value_repr(), exit_kind(frames, exit_frame), ""
 
 
 # ----------------------------------------------------------------------------------------- API

@@ -40,7 +40,7 @@ def truth_answer(frames: Sequence[Frame]) -> str:
     """The true answer: the VALUE of the entry call's exit frame."""
     exit_frame = entry_exit(list(frames))
     if exit_frame is None:
-        raise ValueError("truth trace has no entry return/exception frame: it cannot be scored "
+        raise ValueError("truth trace has no entry return frame: it cannot be scored "
                          "(pass truth= explicitly or leave truncated traces out)")
     return exit_frame.value_repr()  # type: ignore[return-value]
 
@@ -105,7 +105,7 @@ def score_example(pred: Prediction, truth_frames: Sequence[Frame], *, truth: str
     """Score one decoded example against its true trace (and answer, default: the trace's exit VALUE).
 
     `correct`: well-formed and the answer matches the truth (codi.answers: literal values type-strictly, else
-    exact text); `reason` says why not ("malformed: ...", "no entry return/exception frame ...", "wrong answer").
+    exact text); `reason` says why not ("malformed: ...", "no entry return frame ...", "wrong answer").
     Explicit and latent: `trace_exact` (the (kind, line) sequence equals the truth's) and `action_accuracy`.
     Explicit: `locals_accuracy`. Cost: `positions` (tokens + latents generated) and `time_s`. `first_error`: the
     kind of the first departure from the true trace (`first_error`). `problem_id` groups the bootstrap;

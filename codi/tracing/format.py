@@ -146,19 +146,31 @@ def parse_trace(text: str, strict: bool = True) -> list[Frame]:
 
 
 def entry_exit(frames: list[Frame]) -> Frame | None:
-    """The return/exception frame that ends the entry call (call depth back to 0), or None.
+    """The return frame that ends the entry call (call depth back to 0), or None.
 
-    Depth counts call frames (+1) against return/exception frames (-1); a generator's resume
-    and yield are a call and a return, so they balance too."""
+    Depth counts call frames (+1) against return frames (-1): a frame's every exit is a return event,
+    also when it unwinds by an exception; a generator's resume and yield are a call and a return, so they
+    balance too. Exception frames (an exception raised, propagated or thrown in) change no depth."""
     depth = 0
     for f in frames:
         if f.kind == "call":
             depth += 1
-        elif f.kind in ("return", "exception"):
+        elif f.kind == "return":
             depth -= 1
             if depth == 0:
                 return f
     return None
+
+
+def exit_kind(frames: list[Frame], exit_frame: Frame) -> str:
+    """"exception" when `exit_frame` (a return frame of `frames`) unwinds by an exception, else "return".
+
+    A frame that unwinds reports its exception event and then its return event with no line event
+    between them (a return statement is a line of its own): the frame right before is an exception frame."""
+    for k, f in enumerate(frames):
+        if f is exit_frame:
+            return "exception" if k > 0 and frames[k - 1].kind == "exception" else "return"
+    raise ValueError("exit_kind: the exit frame is not one of the frames")
 
 
 def actions(frames: list[Frame]) -> list[tuple[str, str]]:

@@ -38,7 +38,7 @@ from codi.tracing.worker import write_msg
 
 STATUSES: dict[str, str] = {
     "ok": "traced to the end; the entry returned (its return frame is the last)",
-    "raised": "traced to the end; the entry raised (the trace ends in its exception frame)",
+    "raised": "traced to the end; the entry raised (the trace ends in its exception and return frames)",
     "timeout": "wall-clock or CPU time limit reached; the sample was killed",
     "memory": "MemoryError under the memory limit",
     "killed": "the process died of a signal (segfault, abort, file size limit ...)",

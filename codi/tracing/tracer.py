@@ -4,7 +4,7 @@
     run_sample(job, fd, flush_output)   # never returns: streams the events to fd, then os._exit
 
 Only code compiled from the program ("<program>") is traced: call, line (locals before the line runs),
-return and exception events, up to the entry call's own exit. Every way the trace could silently lose
+exception (raised, propagated, or thrown in: caught or not) and return events, up to the entry call's exit. Every way the trace could silently lose
 events (sys.settrace, f_trace cleared, a RecursionError, a thread or process, os._exit) makes it
 `incomplete` with a reason. Events, guards, stream format: docs/ARCHITECTURE.md, "The guarded tracer".
 """
@@ -129,7 +129,9 @@ class Tracer:
         self.sink, self.max_frames, self.limit, self.def_lines = sink, max_frames, limit, def_lines
         self.on_truncate = on_truncate  # called (and never returns) when the frame budget is spent
         self.n = 0                    # frames written
-        self.stack: list[list] = []   # [frame, sid, last exception] of the running traced frames
+        # [frame, sid, last exception, pending] of the running traced frames; pending: an exception event
+        # with no line event since (a return event then is the frame unwinding, even at a `yield`)
+        self.stack: list[list] = []
         self.next_sid = 0
         self.done = False             # the entry call has exited: record nothing more
         self.exit: tuple[str, object] | None = None  # ("return"|"exception", value) of the entry
@@ -171,12 +173,13 @@ class Tracer:
         line = frame.f_lineno
         if line == frame.f_code.co_firstlineno:
             line = self.def_lines.get(line, line)
-        self.stack.append([frame, sid, None])
+        self.stack.append([frame, sid, None, False])
         self._locals_record("c", sid, line, frame)
 
     def _line(self, frame) -> None:
         top = self._top(frame, "line")
         if top is not None:
+            top[3] = False
             self._budget()
             self._locals_record("l", top[1], frame.f_lineno, frame)
 
@@ -186,10 +189,16 @@ class Tracer:
         if name in ("RecursionError", "MemoryError"):
             self.seen.add(name)
         top = self._top(frame, "exception")
-        if top is not None:
-            # The last exception met in a frame is the one it exits with, if it exits by one: a
-            # `finally` or `with` re-raises it (RERAISE) without a new 'exception' event.
-            top[2] = exc
+        if top is None:
+            return
+        # Every exception event is a frame, as CPython reports it: raised here, propagated from a callee
+        # (at the call's line), or thrown in (GeneratorExit at a closed generator's `yield`), caught or not.
+        # The last exception met is the one the frame exits with if it unwinds: a `finally` or `with`
+        # re-raises it (RERAISE) without a new event.
+        top[2], top[3] = exc, True
+        self._budget()
+        self.sink.add(f'["x",{top[1]},{frame.f_lineno},{_enc(saferepr(exc, self.limit))}]')
+        self.n += 1
 
     def _return(self, frame, arg) -> None:
         top = self._top(frame, "return")
@@ -198,19 +207,21 @@ class Tracer:
         self._budget()
         if not frame.f_trace_lines:
             self._lose("the program turned off line events (frame.f_trace_lines)")
-        if frame.f_code.co_code[frame.f_lasti] in RETURN_OPS:
-            kind, value = "r", arg
-        else:  # the frame is unwinding: it exits by the exception it last met
-            kind, value = "x", top[2]
-            if value is None:
-                self._lose("a frame exited by an exception the tracer did not see")
+        # Unwinding: no return opcode ran (a `finally` re-raised, or the exception passed through), or an
+        # exception event came with no line event since (a GeneratorExit thrown in at a `yield`, whose
+        # opcode looks like a normal yield). CPython's event then carries None; the frame carries the
+        # exception it exits by, so its VALUE is that exception (never a made-up `None` result).
+        unwinding = top[3] or frame.f_code.co_code[frame.f_lasti] not in RETURN_OPS
+        value = top[2] if unwinding else arg
+        if unwinding and value is None:
+            self._lose("a frame exited by an exception the tracer did not see")
         rep = saferepr(value, self.limit)
-        self.sink.add(f'["{kind}",{top[1]},{frame.f_lineno},{_enc(rep)}]')
+        self.sink.add(f'["r",{top[1]},{frame.f_lineno},{_enc(rep)}]')
         self.n += 1
         self.stack.pop()
         if not self.stack:
             self.done = True
-            self.exit = ("return" if kind == "r" else "exception", value)
+            self.exit = ("exception" if unwinding else "return", value)
 
     # -- helpers
     def _top(self, frame, event: str) -> list | None:

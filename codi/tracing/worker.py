@@ -162,7 +162,8 @@ def build_frames(events: list[tuple], lines: list[str], diff: bool, check_specia
             prev[sid] = reps
             frames.append([KIND_NAMES[kind], source, encode_locals(shown), None])
         else:
-            prev.pop(sid, None)
+            if kind == "r":  # the scope ends (an exception event does not end it)
+                prev.pop(sid, None)
             if check_special and not special:
                 special = contains_special(payload) or ""
             frames.append([KIND_NAMES[kind], source, None, encode_value(payload)])

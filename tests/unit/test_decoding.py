@@ -22,7 +22,7 @@ from codi.decoding import (LATENT, LATENT_TEXT, DecodeResult, build_action_trie,
                            parse_generation, program_action_lines, true_action_lines)
 from codi.metrics import score_example
 from codi.tokens import ACTION_SEP, EOS, FRAME_SEP, PAD, TRACE_TOKENS, add_trace_tokens, token_ids
-from codi.tracing.format import Frame, actions, encode_value, render_frame, render_prompt, render_trace
+from codi.tracing.format import Frame, actions, encode_value, exit_kind, render_frame, render_prompt, render_trace
 
 LATENT_STEPS = 2
 
@@ -62,6 +62,7 @@ PROGRAMS = [
         _f("call", "def d(a):\n", '{"a": "0"}'),
         _f("line", "    return 6 // a\n", '{"a": ".."}'),
         _f("exception", "    return 6 // a\n", value=encode_value("ZeroDivisionError('integer division or modulo by zero')")),
+        _f("return", "    return 6 // a\n", value=encode_value("ZeroDivisionError('integer division or modulo by zero')")),
     ]),
 ]
 # The no-trace baseline's examples: a prompt and the answer right after it.
@@ -134,7 +135,7 @@ def _sequences(tok, t):
     return seqs
 
 
-def _train(tok, model, prj, steps=90):
+def _train(tok, model, prj, steps=150):
     t = token_ids(tok)
     seqs = _sequences(tok, t)
     width = max(len(s) for s, _ in seqs)
@@ -193,7 +194,7 @@ def test_explicit_reproduces_the_trained_traces(setup):
     for r, (_, _, frames) in zip(results, PROGRAMS):
         assert (r.stop, r.error) == ("entry_exit", "")
         assert r.frames == frames
-        assert r.answer == _truth_answer(frames) and r.answer_kind == frames[-1].kind
+        assert r.answer == _truth_answer(frames) and r.answer_kind == exit_kind(frames, frames[-1])
         assert r.text == render_trace(frames)  # stops right after the exit frame: no eos
         assert r.positions == len(r.ids) == len(_encode(setup["tok"], r.text))
         assert r.latent_blocks == 0 and LATENT not in r.ids
@@ -307,7 +308,7 @@ def test_max_new_tokens_stops_with_reason(setup):
                          latent_steps=LATENT_STEPS, max_new_tokens=5)
         for r in results:
             assert (r.stop, r.positions, r.answer) == ("max_new_tokens", 5, None)
-            assert r.error in ("no entry return/exception frame (stopped by max_new_tokens)", "no eos before max_new_tokens")
+            assert r.error in ("no entry return frame (stopped by max_new_tokens)", "no eos before max_new_tokens")
 
 
 def test_cap_inside_a_latent_block_counts_latents_as_positions(setup):
@@ -325,7 +326,7 @@ def test_max_frames_stops_with_reason(setup):
     results = decode("explicit", setup["trained"], setup["tok"], setup["prompts"], max_new_tokens=400, max_frames=2)
     for r, (_, _, frames) in zip(results, PROGRAMS):
         assert (r.stop, r.answer) == ("max_frames", None) and r.frames == frames[:2]
-        assert r.error == "no entry return/exception frame (stopped by max_frames)"
+        assert r.error == "no entry return frame (stopped by max_frames)"
         assert r.ids[-1] == setup["t"].frame_sep
 
 
@@ -335,7 +336,7 @@ def test_eos_stops_explicit_decoding(setup):
     results = decode("explicit", setup["trained"], setup["tok"], setup["direct_prompts"], max_new_tokens=60)
     for r in results:
         assert r.stop == "eos" and r.answer is None
-        assert r.error == "no entry return/exception frame (stopped by eos)"
+        assert r.error == "no entry return frame (stopped by eos)"
 
 
 # -------------------------------------------------------------------------------------- malformed

@@ -63,7 +63,7 @@ def test_partial_trace_fidelity():
     assert action_accuracy(pred, TRUTH) == 0.5
     assert locals_accuracy(pred, TRUTH) == 1.0  # locals judged per index, the kind matching
     assert action_accuracy(list(TRUTH) + [TRUTH[1]], TRUTH) == 1.0  # extra frames are not credited or charged
-    row = score_example(Pred("explicit", pred, None, error="no entry return/exception frame (stopped by eos)"), TRUTH)
+    row = score_example(Pred("explicit", pred, None, error="no entry return frame (stopped by eos)"), TRUTH)
     assert not row["correct"] and row["reason"].startswith("no entry return") and row["trace_exact"] is False
 
 

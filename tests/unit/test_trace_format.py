@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from codi.tokens import ACTION_SEP, ARG_SEP, FRAME_SEP, LINE_SEP, TRACE_TOKENS, contains_special
 from codi.tracing.format import (
-    UNCHANGED, Frame, TraceParseError, actions, encode_locals, encode_value, entry_exit, locals_offsets,
+    UNCHANGED, Frame, TraceParseError, actions, encode_locals, encode_value, entry_exit, exit_kind, locals_offsets,
     parse_frames_prefix, parse_trace, render_frame, render_prompt, render_trace,
 )
 
@@ -78,8 +78,14 @@ def test_entry_exit_balances_nested_calls_and_generators() -> None:
     c, ln = Frame("call", "d\n", locals="{}"), Frame("line", "l\n", locals="{}")
     r = Frame("return", "r\n", value='"1"')
     x = Frame("exception", "x\n", value='"E()"')
-    assert entry_exit([c, ln, c, r, c, x, ln, r]) is [c, ln, c, r, c, x, ln, r][-1]
-    assert entry_exit([c, ln, c, r]) is None
+    ux = Frame("return", "x\n", value='"E()"')  # a frame unwinding by E: its exception, then its return event
+    # a callee raises and unwinds, the caller catches (an exception frame is an event: no depth change)
+    frames = [c, ln, c, x, ux, x, ln, r]
+    assert entry_exit(frames) is frames[-1] and exit_kind(frames, frames[-1]) == "return"
+    assert exit_kind(frames, frames[4]) == "exception"
+    assert entry_exit([c, ln, c, r]) is None and entry_exit([c, ln, x]) is None
+    unwinding = [c, ln, x, ux]
+    assert entry_exit(unwinding) is ux and exit_kind(unwinding, ux) == "exception"
     assert actions([c, r]) == [("call", "d\n"), ("return", "r\n")]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from codi.sources.base import Sample
 from codi.tokens import FRAME_SEP
-from codi.tracing.format import REPR_CUT, UNCHANGED, entry_exit, parse_trace, render_trace
+from codi.tracing.format import REPR_CUT, UNCHANGED, entry_exit, exit_kind, parse_trace, render_trace
 from codi.tracing.sandbox import STATUSES, TracerPool, candidate_modes, trace_in_fresh_interpreter
 from codi.tracing.worker import build_frames, parse_stream
 from tests.tiny import shipped
@@ -99,13 +99,18 @@ def test_exception_frames_and_raised_status(pool) -> None:
     assert r.status == "raised" and "ZeroDivisionError" in r.reason
     assert r.return_repr is None and r.match is None
     frames = list(r.frames)
-    assert entry_exit(frames) is frames[-1]
-    assert frames[-1].kind == "exception" and frames[-1].value_repr() == "ZeroDivisionError('division by zero')"
-    # g exits through its `finally`: the exception frame is on the finally's last line
-    assert [(f.kind, f.source_line.strip()) for f in frames[-2:]] == [
-        ("exception", "y = 2"), ("exception", "return g(x)")]
-    # the ValueError caught inside f makes no frame
-    assert sum(f.kind == "exception" for f in frames) == 2
+    assert entry_exit(frames) is frames[-1] and exit_kind(frames, frames[-1]) == "exception"
+    assert frames[-1].kind == "return" and frames[-1].value_repr() == "ZeroDivisionError('division by zero')"
+    # g raises at its division, runs its `finally`, then exits by the exception (a return event that unwinds,
+    # on the finally's last line); f sees the exception at its call line and exits by it too
+    assert [(f.kind, f.source_line.strip()) for f in frames[-5:]] == [
+        ("exception", "return 1 / x"), ("line", "y = 2"), ("return", "y = 2"), ("exception", "return g(x)"),
+        ("return", "return g(x)")]
+    # the ValueError raised and caught inside f is an exception frame, then its handler runs
+    k = next(i for i, f in enumerate(frames) if f.kind == "exception")
+    assert (frames[k].source_line.strip(), frames[k + 1].source_line.strip()) == ("int('a')", "except ValueError:")
+    assert frames[k].value_repr() == "ValueError(\"invalid literal for int() with base 10: 'a'\")"
+    assert sum(f.kind == "exception" for f in frames) == 3
 
 
 def test_decorated_function_starts_on_its_def_line(pool) -> None:
