@@ -46,13 +46,40 @@ _DEF_RE = re.compile(r"^def\s+([A-Za-z_]\w*)\s*\(", re.M)
 
 
 def defined_functions(program: str) -> set[str]:
-    """Names of the program's top-level functions (a regex fallback when it does not parse)."""
+    """Names of the program's top-level functions and module-level bindings of them (a regex fallback when
+    it does not parse)."""
     try:
         tree = ast.parse(program)
     except (SyntaxError, ValueError):
         # The tracer reports the syntax error; the sample must still name its callee.
         return set(_DEF_RE.findall(program))
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    # A module-level binding of a function is callable by that name too (`f = solve`, `f = lambda x: ...`,
+    # `f = lru_cache(None)(solve)`): the tracer follows it to the program's function and names that one in
+    # its frames; a binding that turns out not to be a function is the tracer's status row.
+    changed = True
+    while changed:
+        changed = False
+        for node in tree.body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound = {t.id for t in targets if isinstance(t, ast.Name)} - names
+            if bound and _binds_a_function(node.value, names):
+                names |= bound
+                changed = True
+    return names
+
+
+def _binds_a_function(value: ast.expr, functions: set[str]) -> bool:
+    """`value` is a defined function, a lambda, or a call that wraps one of them."""
+    if isinstance(value, ast.Lambda):
+        return True
+    if isinstance(value, ast.Name):
+        return value.id in functions
+    if isinstance(value, ast.Call):
+        return any(_binds_a_function(a, functions) for a in (value.func, *value.args))
+    return False
 
 
 def parse_assert_text(text: str, callees: Mapping[str, str]) -> AssertCall:

@@ -165,12 +165,31 @@ def entry_exit(frames: list[Frame]) -> Frame | None:
 def exit_kind(frames: list[Frame], exit_frame: Frame) -> str:
     """"exception" when `exit_frame` (a return frame of `frames`) unwinds by an exception, else "return".
 
-    A frame that unwinds reports its exception event and then its return event with no line event
-    between them (a return statement is a line of its own): the frame right before is an exception frame."""
-    for k, f in enumerate(frames):
-        if f is exit_frame:
-            return "exception" if k > 0 and frames[k - 1].kind == "exception" else "return"
-    raise ValueError("exit_kind: the exit frame is not one of the frames")
+    CPython reports an unwinding frame as its last exception event, any `finally`/`with` lines that run
+    after it, then a return event (no new event for the re-raise); the tracer gives that return frame
+    the exception as VALUE. So a frame unwinds when either
+    - the frame right before it is an exception frame (nothing ran between: a return statement or a
+      handler would be a line frame of its own), or
+    - its scope's last exception frame holds the same VALUE and the exit is not at a `return` statement
+      (a `finally: return` or `except E as e: return e` returns normally)."""
+    k = next((i for i, f in enumerate(frames) if f is exit_frame), None)
+    if k is None:
+        raise ValueError("exit_kind: the exit frame is not one of the frames")
+    if k > 0 and frames[k - 1].kind == "exception":
+        return "exception"
+    nested = 0  # scopes entered between a frame and the exit frame, walking back
+    for f in reversed(frames[:k]):
+        if f.kind == "return":
+            nested += 1
+        elif f.kind == "call":
+            if nested == 0:
+                return "return"  # the exit frame's scope began with no exception in it
+            nested -= 1
+        elif f.kind == "exception" and nested == 0:
+            statement = exit_frame.source_line.strip()
+            at_return = statement == "return" or statement.startswith(("return ", "return(", "return["))
+            return "exception" if f.value == exit_frame.value and not at_return else "return"
+    return "return"
 
 
 def actions(frames: list[Frame]) -> list[tuple[str, str]]:

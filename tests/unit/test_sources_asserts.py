@@ -66,3 +66,9 @@ def test_callee_is_renamed_everywhere_and_the_tree_is_untouched():
 def test_defined_functions_parses_or_falls_back_to_a_regex():
     assert defined_functions("def a():\n    def inner(): pass\nclass B: pass\nasync def c(): pass\n") == {"a", "c"}
     assert defined_functions("def broken(x)\n    return x\ndef ok(y):\n    return y\n") == {"broken", "ok"}
+
+
+def test_defined_functions_include_module_level_bindings_of_a_function():
+    program = ("def solve(x):\n    return x\nf = solve\ng = f\nh: object = lambda y: y\n"
+               "w = wrap(solve)\nn = 3\nm = n\nclass C:\n    k = solve\n")
+    assert defined_functions(program) == {"solve", "f", "g", "h", "w"}

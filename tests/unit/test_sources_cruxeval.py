@@ -43,3 +43,20 @@ def test_malformed_records():
     assert [(s.where.rsplit(":", 1)[1], s.bad_line) for s in load.skipped] == [("2", True), ("3", True), ("4", True)]
     assert load.skipped[1].why == "field 'input': expected a string, got int 1"
     assert load.skipped[2].why.startswith("sample id cruxeval/sample_1/0 was already made by")
+
+
+def test_f_bound_at_module_level_is_a_sample(tmp_path):
+    """The contract is that `f(input)` can be called: `f = solve` (or a lambda, or a wrapper) binds it."""
+    import json
+    records = [
+        {"id": 0, "code": "def solve(x):\n    return x + 1\nf = solve\n", "input": "1", "output": "2"},
+        {"id": 1, "code": "f = lambda x: x * 2\n", "input": "3", "output": "6"},
+        {"id": 2, "code": "import functools\ndef g(n):\n    return n\nf = functools.lru_cache(None)(g)\n",
+         "input": "4", "output": "4"},
+        {"id": 3, "code": "def solve(x):\n    return x\nf = 3\n", "input": "1", "output": "1"},
+    ]
+    path = tmp_path / "bound.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    load = load_samples("cruxeval", CFG, str(path))
+    assert [s.sample_id for s in load.samples] == ["cruxeval/0/0", "cruxeval/1/0", "cruxeval/2/0"]
+    assert [(s.where, s.why) for s in load.skipped] == [(f"{path}:4", "code: defines no function `f`")]

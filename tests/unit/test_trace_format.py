@@ -108,3 +108,22 @@ def test_bad_text_names_the_frame_and_the_reason(bad: str, why: str) -> None:
 def test_every_special_token_is_caught() -> None:
     for token in TRACE_TOKENS:
         assert contains_special(json.dumps(f"a{token}b")) == token
+
+
+def test_exit_kind_after_a_finally_and_after_returning_the_caught_exception() -> None:
+    def fr(kind: str, line: str, value: str | None = None) -> Frame:
+        return Frame(kind, line + "\n", None if value else "{}", None if value is None else encode_value(value))
+
+    err = "ZeroDivisionError('division by zero')"
+    # the exception, then the finally's line runs, then the frame unwinds at that line
+    finally_ = [fr("call", "def f(n):"), fr("line", "    acc = 1 / n"), fr("exception", "    acc = 1 / n", err),
+                fr("line", "    acc = 0"), fr("return", "    acc = 0", err)]
+    assert exit_kind(finally_, finally_[-1]) == "exception"
+    # `except ZeroDivisionError as e: return e` returns the exception object: a normal return
+    returned = [*finally_[:3], fr("line", "    return e"), fr("return", "    return e", err)]
+    assert exit_kind(returned, returned[-1]) == "return"
+    # an exception caught in a callee (its own scope) does not make the caller's exit an exception
+    nested = [fr("call", "def f():"), fr("line", "    g()"), fr("call", "def g():"),
+              fr("exception", "    1 / 0", err), fr("line", "    pass"), fr("return", "    pass", "None"),
+              fr("line", "    x = 1"), fr("return", "    x = 1", err)]
+    assert exit_kind(nested, nested[-1]) == "return"

@@ -276,3 +276,22 @@ def test_the_child_imports_the_stdlib_modules_its_program_names() -> None:
             "def f():\n    return str(fractions.Fraction(1, 3)), st.mean([1, 2]), path.join('a', 'b'), abc.Sized.__name__\n")
     r = trace_in_fresh_interpreter(sample(prog, "f()", expected="('1/3', 1.5, 'a/b', 'Sized')"), TRACE, SANDBOX)
     assert (r.status, r.match) == ("ok", True)
+
+
+def test_every_codec_and_a_dynamically_named_module_behave_as_natively(pool) -> None:
+    """The child cannot read the interpreter's files once it has dropped its rights: what the stdlib
+    imports lazily (codecs on first use, `__import__('name')`) must already be there."""
+    import codecs
+    import encodings.aliases
+    names = sorted(set(encodings.aliases.aliases.values()))
+    program = ("import codecs\n\ndef f(names):\n    missing = []\n    for n in names:\n        try:\n"
+               "            codecs.lookup(n)\n        except LookupError:\n            missing.append(n)\n"
+               "    return missing, __import__('lzma').__name__\n")
+    native_missing = []
+    for n in names:
+        try:
+            codecs.lookup(n)
+        except LookupError:
+            native_missing.append(n)
+    r = one(pool, program, f"f({names!r})")
+    assert r.status == "ok" and r.return_repr == repr((native_missing, "lzma"))
