@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from codi.__main__ import main
-from tests.tiny import ROOT, tiny_params, write_params
+from tests.tiny import ROOT, shipped, tiny_params, write_params
 
 
 def cli(ws: Path, *args: str, params: str = "params.yaml") -> int:
@@ -123,7 +123,8 @@ def test_codi_model_loads_with_one_call(ws):
     from codi.modeling import load_codi_model
 
     loaded = load_codi_model(ws / "models/codi")
-    assert loaded.config.latent_steps == 1 and loaded.config.extra["step"] == 4
+    # decoded exactly as trained: the shipped latent_steps, recorded in the model folder
+    assert loaded.config.latent_steps == shipped("codi").latent_steps and loaded.config.extra["step"] == 4
     assert loaded.model.lm_head.weight.data_ptr() == loaded.model.get_input_embeddings().weight.data_ptr()
 
 
