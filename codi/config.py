@@ -83,13 +83,24 @@ class SandboxConfig:
 
 
 @dataclass(frozen=True)
+class DaskConfig:
+    """The Dask cluster of `extract.executor: dask` (codi/tracing/cluster.py)."""
+
+    address: str = _f("scheduler address (tcp://host:8786); \"\" = a LocalCluster on 127.0.0.1 started by the stage")
+    local_workers: int = _f("worker processes of that LocalCluster", ge=1)
+    shard_size: int = _f("samples per Dask task; the shard of a worker that dies reruns whole", ge=1)
+
+
+@dataclass(frozen=True)
 class ExtractConfig:
     """`extract`: trace programs from the chosen sources inside the sandbox."""
 
     sources: list[str] = _f("sources to trace, in order", choices=SOURCE_NAMES, nonempty=True)
     paths: SourcePathsConfig = _f("file-backed sources")
     skip_bad_lines: bool = _f("count and skip a malformed dataset line instead of failing the stage")
-    workers: int = _f("sandboxed worker processes; 0 = one per CPU core", ge=0)
+    workers: int = _f("sandboxed worker processes (per Dask worker under dask); 0 = one per CPU core", ge=0)
+    executor: Literal["local", "dask"] = _f("local: one sandbox pool here; dask: shards over a Dask cluster")
+    dask: DaskConfig = _f("the Dask cluster (executor dask)")
     synthetic: SyntheticConfig = _f("synthetic generator")
     trace: TraceConfig = _f("trace content limits")
     sandbox: SandboxConfig = _f("isolation limits")

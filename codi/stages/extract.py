@@ -3,6 +3,9 @@
     python -m codi extract                     # data/traces/<source>.parquet, data/traces/stats.json
     python -m codi trace --source mbpp --path some/mbpp.jsonl --out /tmp/mbpp.parquet   # one file, same code
 
+`extract.executor: dask` traces in shards on a Dask cluster (codi/tracing/cluster.py); the files are
+byte-identical to the local executor's.
+
 A hostile or broken program is a status row, never a dead stage. Dataset files live under data/raw/ (a DVC
 dependency of this stage), so an edit to one reruns extract and what it feeds.
 """
@@ -21,8 +24,9 @@ from codi.files import write_json
 from codi.sources.base import Sample
 from codi.sources.registry import load_samples
 from codi.traces import write_traces
+from codi.tracing.cluster import Tracer, open_tracer
 from codi.tracing.format import render_trace
-from codi.tracing.sandbox import TraceResult, TracerPool
+from codi.tracing.sandbox import TraceResult
 
 RAW_DIR = Path("data/raw")    # the stage's DVC dependency for dataset files (relative to the repo root)
 FILE_SOURCES = ("mbpp", "pyx", "cruxeval")
@@ -65,10 +69,10 @@ def source_stats(rows: list[dict], skipped: int) -> dict:
     }
 
 
-def trace_samples(pool: TracerPool, samples: list[Sample], desc: str) -> tuple[list[dict], list[tuple[float, str]]]:
+def trace_samples(tracer: Tracer, samples: list[Sample], desc: str) -> tuple[list[dict], list[tuple[float, str]]]:
     """(rows, [(wall seconds, sample id)] of each sample)."""
     rows, times = [], []
-    for s, r in zip(samples, tqdm(pool.trace(samples), total=len(samples), desc=desc, unit="sample", leave=False)):
+    for s, r in zip(samples, tqdm(tracer.trace(samples), total=len(samples), desc=desc, unit="sample", leave=False)):
         rows.append(trace_row(s, r))
         times.append((r.time_s, s.sample_id))
     return rows, times
@@ -90,11 +94,11 @@ def run(params: Params, out: Path, metrics: Path) -> int:
     # Load every source first: a malformed dataset fails before minutes of tracing.
     loads = {source: load_samples(source, cfg) for source in cfg.sources}
     stats: dict = {}
-    with TracerPool(cfg.trace, cfg.sandbox, cfg.workers) as pool:
-        print(f"extract: sandbox isolation: {pool.isolation}")
+    with open_tracer(cfg) as tracer:
+        print(f"extract: executor {cfg.executor}; sandbox isolation: {tracer.isolation}")
         for source, load in loads.items():
             t0 = time.time()
-            rows, times = trace_samples(pool, load.samples, source)
+            rows, times = trace_samples(tracer, load.samples, source)
             write_traces(rows, out / f"{source}.parquet")
             stats[source] = source_stats(rows, len(load.skipped))
             print(summary_line(source, stats[source], time.time() - t0, times))
@@ -113,8 +117,8 @@ def trace_file(params: Params, source: str, path: str | None, out: Path) -> int:
     cfg = params.extract
     load = load_samples(source, cfg, path=path)
     t0 = time.time()
-    with TracerPool(cfg.trace, cfg.sandbox, cfg.workers) as pool:
-        rows, times = trace_samples(pool, load.samples, source)
+    with open_tracer(cfg) as tracer:
+        rows, times = trace_samples(tracer, load.samples, source)
     write_traces(rows, out)
     print(summary_line(source, source_stats(rows, len(load.skipped)), time.time() - t0, times) + f"\n  -> {out}")
     for skipped in load.skipped[:20]:

@@ -53,6 +53,9 @@ def test_shipped_params_load_and_cover_every_key(raw):
     ("model.tiny.num_kv_heads", 2, "model.tiny.num_kv_heads = 2: expected a divisor"),
     ("gamma", -1.0, "gamma = -1.0: expected a float >= 0.0"),
     ("extract.skip_bad_lines", "yes", "extract.skip_bad_lines = 'yes': expected true or false"),
+    ("extract.executor", "ray", "extract.executor = 'ray': expected one of 'local', 'dask'"),
+    ("extract.dask.shard_size", 0, "extract.dask.shard_size = 0: expected an integer >= 1"),
+    ("extract.dask.address", 8786, "extract.dask.address = 8786: expected a string"),
 ])
 def test_bad_values_name_the_key(raw, dotted, value, expected):
     with pytest.raises(ConfigError, match=None) as e:
