@@ -40,10 +40,9 @@ def ran(output: str) -> list[str]:
     return re.findall(r"Running stage '([a-z_]+)'", output)
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    """A copy of the project's tracked files with tiny params, committed, after a first `dvc repro`."""
-    repo = tmp_path_factory.mktemp("repo")
+def tiny_repo(repo: Path) -> Path:
+    """A copy of the project's tracked files in `repo` with tiny params, committed, after a first `dvc repro`
+    (its results committed too). Also used by test_dvc_remote.py."""
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for f in files:
         if f.startswith(("metrics/", "plots/")) or f == "dvc.lock":
@@ -60,6 +59,11 @@ def repo(tmp_path_factory) -> Path:
     sh(repo, "git", "add", "-A")
     sh(repo, *GIT, "commit", "-qm", "baseline results")
     return repo
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    return tiny_repo(tmp_path_factory.mktemp("repo"))
 
 
 def test_repro_then_status_is_clean_and_no_op_repro_runs_nothing(repo):
