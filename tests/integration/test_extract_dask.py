@@ -18,6 +18,7 @@ from codi.stages.extract import trace_row
 from codi.tracing.cluster import DaskTracer, open_tracer, shard_bounds
 from tests.integration.test_stages_tiny import cli
 from tests.tiny import ROOT, shipped, tiny_params, write_params
+from tests.unit.test_pipelines import prefect_server  # noqa: F401
 
 FIXTURES = ROOT / "tests/fixtures/sources"
 
@@ -105,3 +106,29 @@ def test_a_shard_that_cannot_finish_stops_the_stage_with_its_samples_named():
                 list(tracer.trace(samples))
         finally:
             killer.join(timeout=60)
+
+
+@pytest.mark.slow
+def test_the_prefect_flow_runs_extract_on_dask_and_dvc_sees_the_same_traces(tmp_path, prefect_server):  # noqa: F811
+    """The pipeline flow with `extract.executor: dask`: extract reruns (its params changed) on a LocalCluster,
+    writes the same traces (dvc.lock's hash of data/traces is unchanged), so every later stage is skipped."""
+    import yaml
+
+    from pipelines.flows import pipeline
+    from tests.integration.test_real_pipeline_dvc import dvc, tiny_repo
+
+    repo = tiny_repo(tmp_path / "repo")
+    lock_before = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["extract"].update(executor="dask", dask={"address": "", "local_workers": 2, "shard_size": 16})
+    write_params(repo / "params.yaml", params)
+
+    state = pipeline(repo=str(repo), return_state=True)
+    assert state.is_completed(), state.message
+    statuses = {s["stage"]: s["status"] for s in state.result()["stages"]}
+    assert statuses["extract"] == "ran"
+    assert all(statuses[s] != "ran" for s in ("precompute", "sft", "sft_direct", "codi", "evaluate")), statuses
+    lock_after = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert lock_after["extract"]["params"]["params.yaml"]["extract"]["executor"] == "dask"
+    assert lock_after["extract"]["outs"] == lock_before["extract"]["outs"]  # the same bytes
+    assert "up to date" in dvc(repo, "status")
