@@ -7,7 +7,8 @@
 
 `tiny` is the embedded default: a from-scratch Qwen2-style decoder and a byte-level BPE trained on the
 training split's text, digits split one by one. Anything else is a local HF folder or a hub id, loaded
-with `from_pretrained`, trace tokens added. Design: docs/ARCHITECTURE.md, "Tokenization and spans".
+with `from_pretrained` and its own tokenizer.json, trace tokens added, each new token's embedding row (and
+untied head row) the mean of the old ones. Design: docs/ARCHITECTURE.md, "Tokenization and spans".
 """
 
 from __future__ import annotations
@@ -108,22 +109,62 @@ def tiny_model(cfg: TinyModelConfig, tokenizer):
 
 
 def build_base(cfg: ModelConfig, train_texts: Iterable[str]):
-    """(model, tokenizer) of the configured base, trace tokens included."""
+    """(model, tokenizer) of the configured base, trace tokens included.
+
+    A local folder or hub id: its own tokenizer.json read verbatim (as `codi.tokens.load_tokenizer` reads
+    models/base later; AutoTokenizer would build the family's class for some configs, e.g. Qwen2Tokenizer,
+    which swaps in its own pre-tokenizer and pad token), the trace tokens (and pad/eos where missing) added,
+    and the embeddings made to fit with `init_new_token_rows`."""
     if cfg.base == "tiny":
         tok = train_tiny_tokenizer(train_texts, cfg.tiny)
         return tiny_model(cfg.tiny, tok), tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     path = os.path.expanduser(cfg.base)
     kw = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    tok = AutoTokenizer.from_pretrained(path, use_fast=True, **kw)
+    try:
+        tok = TokenizersBackend.from_pretrained(path, revision=cfg.revision)
+    except (OSError, ValueError):  # no tokenizer.json: the family's class converts its slow files
+        tok = AutoTokenizer.from_pretrained(path, use_fast=True, **kw)
     if not getattr(tok, "is_fast", False):
         raise ConfigError(f"model.base = {cfg.base!r}: needs a fast tokenizer (offsets locate the locals spans)")
     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", **kw)
-    if add_trace_tokens(tok) or model.get_input_embeddings().weight.shape[0] < len(tok):
-        model.resize_token_embeddings(len(tok))
+    known = len(tok)
+    add_trace_tokens(tok)
+    init_new_token_rows(model, known, len(tok))
     model.config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+def init_new_token_rows(model, known: int, total: int) -> None:
+    """Fit the embeddings to a tokenizer that grew from `known` to `total` tokens, deterministically.
+
+    The input embedding keeps its rows (a hub model's are often padded past its tokenizer, e.g. to a multiple
+    of 64) and grows only when `total` exceeds them; the head follows, tied or not. The row of every new token
+    id (known <= id < total) is set to the mean of the known tokens' rows: input rows to the mean input row,
+    and for an untied head output rows to the mean output row (bias to the mean bias), so a new token starts
+    at the average logit. Padding rows past the tokenizer are not averaged in. The same folder always gives
+    the same weights (transformers' default `mean_resizing` samples appended rows around the mean with a
+    little random noise, and resizing a padded model down to its tokenizer left new ids on padding rows)."""
+    import torch
+
+    rows = model.get_input_embeddings().weight.shape[0]
+    if total > rows:
+        model.resize_token_embeddings(total, mean_resizing=False)
+    known = min(known, rows)
+    if total <= known:
+        return
+    inp = model.get_input_embeddings()
+    out = model.get_output_embeddings()
+    params = [inp.weight]
+    if out is not None and out.weight.data_ptr() != inp.weight.data_ptr():
+        params.append(out.weight)
+        if getattr(out, "bias", None) is not None:
+            params.append(out.bias)
+    with torch.no_grad():
+        for w in params:
+            w[known:total] = w[:known].float().mean(0).to(w.dtype)
 
 
 def save_base(model, tokenizer, out: str | Path) -> None:
