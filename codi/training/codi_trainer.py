@@ -124,9 +124,14 @@ class CodiTrainer(LengthGroupedTrainer):
         return (out["loss"], out) if return_outputs else out["loss"]
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs and self._window:  # a training log: the window's sub-losses
-            for k, v in self._window.items():
-                logs[k] = round(sum(v) / len(v), 6)
+        if "loss" in logs and self._window:  # a training log: the window's sub-losses, averaged over the ranks
+            # (each rank holds its own share of the batch; every rank logs at the same step, as for "loss")
+            names = list(self._window)
+            means = torch.tensor([sum(self._window[k]) / len(self._window[k]) for k in names],
+                                 dtype=torch.float64, device=self.args.device)
+            means = self.accelerator.reduce(means, reduction="mean")
+            for k, v in zip(names, means.tolist()):
+                logs[k] = round(v, 6)
             logs["ss_prob"] = round(self.ss_prob(), 6)
             logs["latent_share"] = round(self.latent_share(), 6)
             self._window.clear()
