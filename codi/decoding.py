@@ -93,18 +93,21 @@ def build_action_trie(lines: Sequence[Sequence[int]]) -> dict | None:
     return root or None
 
 
+def _action_ids(tokenizer, lines: Sequence[str]) -> list[list[int]]:
+    """Each line tokenized alone, which equals its tokens in a trace: `<|action_sep|>` (a special token)
+    before it starts a fresh pre-tokenization."""
+    return [list(ids) for ids in tokenizer(list(lines), add_special_tokens=False)["input_ids"]] if lines else []
+
+
 def program_action_lines(tokenizer, program: str) -> list[list[int]]:
     """Token ids of every line of `program` as a trace writes it after `<|action_sep|>`: the raw line
-    with its "\n" (the trace format's LINE is the raw source line). Tokenized alone, which equals the trace's
-    tokens because `<|action_sep|>` (a special token) starts a fresh pre-tokenization."""
-    lines = sorted({line + "\n" for line in program.splitlines() if line.strip()})
-    return [list(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]] if lines else []
+    with its "\n" (the trace format's LINE is the raw source line)."""
+    return _action_ids(tokenizer, sorted({line + "\n" for line in program.splitlines() if line.strip()}))
 
 
 def true_action_lines(tokenizer, frames: Sequence[Frame]) -> list[list[int]]:
     """Token ids of every frame's LINE in a true trace, in order: `forced_actions` for one prompt."""
-    lines = [f.source_line for f in frames]
-    return [list(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]] if lines else []
+    return _action_ids(tokenizer, [f.source_line for f in frames])
 
 
 class _Decoder:
