@@ -2,6 +2,7 @@
 
     $ python benchmarks/bench_decoding.py                         # trains a tiny model here (~3 min on 2 cores)
     $ python benchmarks/bench_decoding.py --sft models/sft --codi models/codi --cache data/cache/test.arrow
+    $ python benchmarks/bench_decoding.py --device cuda                 # trains on CPU, decodes on the GPU
 
 On the same examples it measures examples/s and positions/example (tokens + latents) of explicit
 and latent decoding, batched and one at a time, and prints the latent-over-explicit ratios next to
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=200, help="training steps of the self-trained model")
     ap.add_argument("--max-new-tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="where to decode (cpu, cuda); a self-trained model trains on CPU")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -232,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
         prompts = [tok(render_prompt(p, c), add_special_tokens=False)["input_ids"] for p, c, _ in examples]
         truths = [entry_exit(fr).value_repr() for _, _, fr in examples]
 
+    sft, codi_model = sft.to(args.device), codi_model.to(args.device)
+    prj = prj.to(args.device)
     kw = dict(max_new_tokens=args.max_new_tokens, max_frames=256)
     rows = {}
     for mode, model in (("explicit", sft), ("latent", codi_model)):
@@ -241,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
         rows[f"{mode} single"], single = measure(mode, model, tok, prompts, truths, 1, **kw, **extra)
         rows[f"{mode} single"]["same_as_batched"] = sum(a.ids == b.ids for a, b in zip(batched, single)) / len(prompts)
 
-    print(f"\n{len(prompts)} examples, batch size {args.batch_size}, {args.threads} thread(s), latent_steps {latent_steps}")
+    print(f"\n{len(prompts)} examples on {args.device}, batch size {args.batch_size}, {args.threads} thread(s), "
+          f"latent_steps {latent_steps}")
     print(f"{'':18s} {'examples/s':>10s} {'positions/ex':>12s} {'accuracy':>9s} {'well-formed':>11s} {'wall s':>7s}")
     for name, r in rows.items():
         print(f"{name:18s} {r['examples_per_s']:10.2f} {r['positions_per_example']:12.1f} {r['accuracy']:9.3f} "
