@@ -16,12 +16,12 @@ of the trace tokens. Then:
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
 
+from tests.integration.test_stages_tiny import cli
 from tests.tiny import shipped, tiny_params, write_params
 
 HIDDEN = 32
@@ -285,17 +285,6 @@ def test_the_saved_base_reloads_with_the_same_tokenizer_and_head(built, tmp_path
 
 
 # -- the whole pipeline on the folder ---------------------------------------------------------------------------
-
-def cli(ws: Path, *args: str, params: str = "params.yaml") -> int:
-    from codi.__main__ import main
-
-    cwd = os.getcwd()
-    os.chdir(ws)
-    try:
-        return main(["--params", params, *args])
-    finally:
-        os.chdir(cwd)
-
 
 STEPS = {"sft": 6, "sft_direct": 4, "codi": 3}
 
