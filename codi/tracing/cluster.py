@@ -128,13 +128,12 @@ class DaskTracer:
         try:
             for future, results in as_completed(futures, with_results=True, raise_errors=False, loop=self.client.loop):
                 i = futures[future]
+                a, b = bounds[i]
                 if future.status != "finished":
-                    a, b = bounds[i]
                     raise RuntimeError(f"extract: shard {i} (samples {a}..{b - 1}, first "
                                        f"{samples[a].sample_id}) failed on the Dask cluster: {results!r}")
-                if len(results) != bounds[i][1] - bounds[i][0]:
-                    raise RuntimeError(f"extract: shard {i} returned {len(results)} results for "
-                                       f"{bounds[i][1] - bounds[i][0]} samples")
+                if len(results) != b - a:
+                    raise RuntimeError(f"extract: shard {i} returned {len(results)} results for {b - a} samples")
                 done[i] = results
                 while next_shard in done:
                     yield from done.pop(next_shard)
