@@ -22,7 +22,7 @@ from codi.data import CACHE_FORMAT_VERSION, SPLITS, split_of
 from codi.spans import encode_examples
 from codi.tokens import token_ids, tokenizer_sha256
 from codi.traces import TracesFileError, read_traces
-from codi.tracing.format import entry_exit, exit_kind, locals_offsets, parse_trace, render_prompt
+from codi.tracing.format import computed_values, entry_exit, exit_kind, locals_offsets, parse_trace, render_prompt
 
 TRACE_COLUMNS = ("sample_id", "source", "problem_id", "program", "call", "trace_text", "status", "n_frames",
                  "difficulty")
@@ -88,7 +88,8 @@ def encode_rows(rows: list[dict[str, Any]], tok, cfg: PrecomputeConfig,
 
 def token_statistics(rows: list[dict[str, Any]]) -> dict[str, float]:
     if not rows:
-        return {"mean_prompt": 0.0, "mean_trace": 0.0, "mean_total": 0.0, "max_total": 0, "locals_share": 0.0}
+        return {"mean_prompt": 0.0, "mean_trace": 0.0, "mean_total": 0.0, "max_total": 0, "mean_line_frames": 0.0,
+                "mean_computed_values": 0.0, "locals_share": 0.0}
     p = [len(r["prompt_ids"]) for r in rows]
     t = [len(r["trace_ids"]) for r in rows]
     locals_tokens = sum(j - i - 1 for r in rows for i, j in r["spans"])
@@ -98,6 +99,8 @@ def token_statistics(rows: list[dict[str, Any]]) -> dict[str, float]:
         "mean_total": round((sum(p) + sum(t)) / len(rows), 2),
         "max_total": max(a + b for a, b in zip(p, t)),
         "mean_line_frames": round(sum(len(r["spans"]) for r in rows) / len(rows), 2),
+        # the task's work per call (the ladder's axis): values a trace computes rather than copies
+        "mean_computed_values": round(sum(computed_values(parse_trace(r["trace_text"])) for r in rows) / len(rows), 2),
         "locals_share": round(locals_tokens / sum(t), 4),  # what CODI compresses
     }
 
@@ -115,13 +118,16 @@ def cache_manifest(by_split: dict[str, list[dict[str, Any]]], shas: dict[str, st
                            "by_source": dict(sorted(Counter(r["source"] for r in rows).items())),
                            "sha256": shas[split]} for split, rows in by_split.items()},
         "dropped": {src: dict(sorted(c.items())) for src, c in sorted(dropped.items())},
-        "tokens": token_statistics([r for s in SPLITS for r in by_split[s]]),
+        "tokens": token_statistics(everything := [r for s in SPLITS for r in by_split[s]]),
+        "tokens_by_source": {src: token_statistics([r for r in everything if r["source"] == src])
+                             for src in sorted({r["source"] for r in everything})},
     }
 
 
 def cache_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's counts as DVC metrics: what `dvc exp show` compares (no digests, no copy of params)."""
     return {"vocab_size": manifest["vocab_size"], "dropped": manifest["dropped"], "tokens": manifest["tokens"],
+            "tokens_by_source": manifest["tokens_by_source"],
             "splits": {s: {k: v for k, v in d.items() if k != "sha256"} for s, d in manifest["splits"].items()}}
 
 

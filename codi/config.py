@@ -34,6 +34,11 @@ def _f(doc: str, **checks: Any) -> Any:
 
 
 SOURCE_NAMES = ("synthetic", "humaneval", "mbpp", "pyx", "cruxeval")
+# codi.sources.synthetic_templates.TEMPLATE_NAMES (a test holds them equal; the schema imports no source)
+SYNTHETIC_TEMPLATES = ("arith_chain", "branch", "early_return", "ternary", "for_range", "while_loop",
+                       "list_accumulate", "list_build", "list_ops", "string_loop", "string_ops", "dict_count",
+                       "dict_map", "helper_call", "scan_best", "recursion_int", "recursion_list", "recursion_str",
+                       "nested_range", "nested_lists", "chain")
 
 
 # --------------------------------------------------------------------------------------- extract
@@ -46,9 +51,21 @@ class SyntheticConfig:
     difficulty: int = _f("1 = straight-line code, 2 = +loops/branches/helpers, 3 = +recursion/nesting", ge=1, le=3)
     max_int: int = _f("largest free integer argument (0..max_int; loop bounds keep their own ranges)", ge=1, le=99)
     canonical_names: bool = _f("name variables a, b, c ... in order and the entry f (less to copy: tiny models)")
-    operators: list[str] = _f("integer operations the templates "
-                              "may draw", choices=("+", "-", "*", "//", "%", "max", "min", "abs"), nonempty=True)
+    operators: list[str] = _f("integer operations the templates may draw (copy: a line that copies a value)",
+                              choices=("+", "-", "*", "//", "%", "max", "min", "abs", "copy"), nonempty=True)
+    templates: list[str] = _f("template families to draw from; [] = every one of level <= difficulty",
+                              choices=SYNTHETIC_TEMPLATES)
+    chain_steps: list[int] = _f("[lo, hi]: assignment lines of the straight-line templates (arith_chain, chain)")
+    value_range: list[int] = _f("[lo, hi]: every integer a call holds (locals, items, result); a call outside is "
+                                "drawn again")
     seed: int = _f("generator seed; the same seed gives the same programs")
+
+    def __post_init__(self) -> None:
+        for key, (lo, hi), bounds in (("chain_steps", (1, 10), self.chain_steps), ("value_range", (-999, 999),
+                                                                                      self.value_range)):
+            if len(bounds) != 2 or not lo <= bounds[0] <= bounds[1] <= hi:
+                raise ConfigError(f"extract.synthetic.{key} = {bounds}: expected [lo, hi] with "
+                                  f"{lo} <= lo <= hi <= {hi}")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ VAR_NAMES = ("a", "b", "c", "d", "e", "k", "m", "n", "p", "q", "r", "s", "t", "u
              "left", "right", "base", "mark", "item", "pos", "lo", "hi", "j", "i")
 LOOP_NAMES = ("i", "j", "k", "x", "v", "n", "idx", "item", "el", "ch", "c")
 LETTERS = "abcdeimnorstxyz"
-OPERATORS = ("+", "-", "*", "//", "%", "max", "min", "abs")  # what SyntheticConfig.operators may name
+# What SyntheticConfig.operators may name; "copy" is a line that copies one name's value (`c = b`).
+OPERATORS = ("+", "-", "*", "//", "%", "max", "min", "abs", "copy")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Template:
     name: str
     level: int
     build: Callable[["Gen"], Draft]
+    by_level: bool = True  # drawn by `difficulty` alone; False: only when SyntheticConfig.templates names it
 
 
 def small_int(lo: int = 0, hi: int = 20) -> Input:
@@ -61,11 +63,12 @@ class Gen:
     """Drawing helpers bound to one program: fresh names and one-operation expressions."""
 
     def __init__(self, rng: random.Random, max_int: int = 20, canonical_names: bool = False,
-                 operators: tuple[str, ...] = OPERATORS) -> None:
+                 operators: tuple[str, ...] = OPERATORS, chain_steps: tuple[int, int] = (2, 4)) -> None:
         self.rng = rng
         self.operators = operators
         self.max_int = max_int
         self.canonical_names = canonical_names
+        self.chain_steps = chain_steps
         self.used: set[str] = set()
 
     def fresh(self, pool: tuple[str, ...] = VAR_NAMES) -> str:
@@ -80,6 +83,10 @@ class Gen:
         """A free integer argument: 0..max_int (SyntheticConfig.max_int)."""
         return small_int(0, self.max_int)
 
+    def steps(self) -> int:
+        """How many assignment lines a straight-line template writes (SyntheticConfig.chain_steps)."""
+        return self.rng.randint(*self.chain_steps)
+
     def names(self, n: int, pool: tuple[str, ...] = VAR_NAMES) -> list[str]:
         return [self.fresh(pool) for _ in range(n)]
 
@@ -89,13 +96,17 @@ class Gen:
     def arith(self, a: str, b: str | None = None, both: bool = False) -> str:
         """One integer operation on `a` (and `b`; with `both`, certainly on both), among `operators`.
 
-        Every operator has a form with a constant and a form with two names (`abs` of a difference),
-        so any non-empty `operators` fits every call."""
-        forms = [] if both and b is not None else [
+        Every operator but `copy` has a form with a constant and a form with two names (`abs` of a
+        difference), so any non-empty `operators` fits every call; `copy` (the value of `a` or `b`, no
+        operation) reads one name, so with only `copy` allowed `both` cannot hold and is dropped."""
+        if both and b is not None and set(self.operators) == {"copy"}:
+            both = False
+        forms = [] if both and b is not None else [("copy", a)] + [
             ("+", f"{a} + {self.c()}"), ("-", f"{a} - {self.c()}"), ("*", f"{a} * {self.c(2, 3)}"),
             ("//", f"{a} // {self.c(2, 3)}"), ("%", f"{a} % {self.c(2, 7)}"), ("max", f"max({a}, {self.c()})"),
             ("min", f"min({a}, {self.c()})"), ("abs", f"abs({a} - {self.c()})")]
         if b is not None:
+            forms += [] if both else [("copy", b)]
             forms += [("+", f"{a} + {b}"), ("-", f"{a} - {b}"), ("-", f"{b} - {a}"), ("*", f"{a} * {b}"),
                       ("//", f"{a} // {b}"), ("max", f"max({a}, {b})"), ("min", f"min({a}, {b})"),
                       ("abs", f"abs({a} - {b})"), ("%", f"{a} % {b}")]  # / 0: that call is drawn again
@@ -135,13 +146,26 @@ def arith_chain(g: Gen) -> Draft:
     name = g.fresh(ENTRY_NAMES)
     params = g.names(rng.randint(1, 3))
     known, body = list(params), []
-    for _ in range(rng.randint(2, 4)):
+    for _ in range(g.steps()):
         a, b = rng.choice(known), rng.choice(known)
         v = g.fresh()
         body.append(f"{v} = {g.arith(a, b if b != a else None)}")
         known.append(v)
     body.append(f"return {g.arith(known[-1], known[-2], both=True)}" if g.maybe() else f"return {known[-1]}")
     return Draft(func(name, params, body), name, [g.small_int()] * len(params))
+
+
+def chain(g: Gen) -> Draft:
+    """Dependent steps on one accumulator: every line reads the value the line before it wrote, so a call
+    of k lines is k steps in sequence (the ladder's steps axis), and the locals stay three names wide."""
+    rng = g.rng
+    name = g.fresh(ENTRY_NAMES)
+    a, b, acc = g.names(3)
+    body = [f"{acc} = {g.arith(a, b)}"]
+    for _ in range(g.steps() - 1):
+        body.append(f"{acc} = {g.arith(acc, rng.choice([a, b]))}")
+    body.append(f"return {acc}")
+    return Draft(func(name, [a, b], body), name, [g.small_int(), g.small_int()])
 
 
 def branch(g: Gen) -> Draft:
@@ -436,4 +460,8 @@ TEMPLATES: tuple[Template, ...] = (
     Template("recursion_int", 3, recursion_int), Template("recursion_list", 3, recursion_list),
     Template("recursion_str", 3, recursion_str), Template("nested_range", 3, nested_range),
     Template("nested_lists", 3, nested_lists),
+    # Appended, so that drawing among the templates above stays byte-identical: a level-1 template that
+    # `difficulty` alone never draws; `SyntheticConfig.templates` names it (the task ladder's rungs).
+    Template("chain", 1, chain, by_level=False),
 )
+TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)

@@ -90,6 +90,21 @@ def locals_offsets(frames: list[Frame]) -> list[tuple[int, int]]:
     return spans
 
 
+def computed_values(frames: list[Frame]) -> int:
+    """How many values a trace computes rather than copies: every local of a LINE frame that is new or differs
+    from the frame before it (the previous CALL or LINE frame), and every return/exception VALUE. A task's
+    work per call (the ladder's "computed values"); codi.batching.computed_mask is the same split per token."""
+    count, prev = 0, None
+    for f in frames:
+        if f.kind in ("return", "exception"):
+            count += 1
+        elif f.kind == "line" and prev is not None:
+            count += sum(v != UNCHANGED and prev.get(k) != v for k, v in f.locals_dict().items())
+        if f.kind in ("call", "line"):
+            prev = f.locals_dict()
+    return count
+
+
 def _parse_one(chunk: str, index: int, strict: bool) -> Frame:
     def fail(why: str) -> TraceParseError:
         return TraceParseError(f"frame {index}: {why}: {chunk[:80]!r}")

@@ -1,5 +1,6 @@
 """The synthetic generator: deterministic, valid, small, varied."""
 
+import ast
 import hashlib
 import re
 import statistics
@@ -10,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from codi.config import SyntheticConfig
+from codi.config import ConfigError, SyntheticConfig, params_from_dict
 from codi.sources import synthetic
 from codi.sources.synthetic import MAX_LINES, generate, generate_programs
 from codi.sources.synthetic_templates import TEMPLATES, Draft, Template
@@ -22,7 +23,7 @@ ALL_OPERATORS = ["+", "-", "*", "//", "%", "max", "min", "abs"]
 def _cfg(difficulty=2, n=N, calls=2, seed=0, **knobs):
     """The generator over its whole space: every operator, inputs up to 20, free names (unless `knobs` say)."""
     fields = dict(n_programs=n, calls_per_program=calls, difficulty=difficulty, max_int=20, canonical_names=False,
-                  operators=ALL_OPERATORS, seed=seed)
+                  operators=ALL_OPERATORS, templates=[], chain_steps=[2, 4], value_range=[-999, 999], seed=seed)
     return SyntheticConfig(**{**fields, **knobs})
 
 
@@ -47,9 +48,10 @@ def test_the_first_programs_do_not_depend_on_n_programs():
 
 
 def test_determinism_across_processes_and_hash_seeds():
-    code = ("from codi.config import SyntheticConfig; from codi.sources.synthetic import generate; import hashlib;"
+    code = ("from codi.config import ConfigError, SyntheticConfig, params_from_dict; from codi.sources.synthetic import generate; import hashlib;"
             "s = generate(SyntheticConfig(n_programs=60, calls_per_program=2, difficulty=3, max_int=20, "
-            f"canonical_names=False, operators={ALL_OPERATORS!r}, seed=7));"
+            f"canonical_names=False, operators={ALL_OPERATORS!r}, templates=[], chain_steps=[2, 4], "
+            "value_range=[-999, 999], seed=7));"
             "print(hashlib.sha256(repr(s).encode()).hexdigest())")
     outs = {subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True,
                            text=True, check=True).stdout for seed in ("1", "2")}
@@ -104,7 +106,7 @@ def test_shape_statistics(programs):
     assert all(3 <= n <= MAX_LINES for n in lines) and 4 <= statistics.mean(lines) <= 9
     frames = [_frames(p.program, c) for p in progs for c, _ in p.calls]
     assert max(frames) <= 50 and sum(f <= 40 for f in frames) / len(frames) >= 0.95
-    levels = {t.name for t in TEMPLATES if t.level <= difficulty}
+    levels = {t.name for t in TEMPLATES if t.by_level and t.level <= difficulty}
     counts = Counter(p.template for p in progs)
     assert set(counts) == levels  # every template of the difficulty is used
     assert max(counts.values()) < 3 * N / len(levels)  # and none dominates
@@ -193,7 +195,7 @@ def test_level_3_programs_draw_only_allowed_operators():
     for p in progs:
         text = re.sub(r" % len\(", " mod_len(", p.program)
         assert _operators_in(text) <= {"+", "-"}, p.program
-    assert {p.template for p in progs} == {t.name for t in TEMPLATES}
+    assert {p.template for p in progs} == {t.name for t in TEMPLATES if t.by_level}
 
 
 def test_max_int_bounds_the_free_integer_arguments():
@@ -213,3 +215,99 @@ def test_canonical_names_are_a_b_c_in_order_and_the_entry_is_f():
         assert params == list("abcd")[:len(params)], header
     free = generate_programs(_cfg(n=100, difficulty=1, canonical_names=False, seed=4))
     assert len({p.program.splitlines()[0] for p in free}) > 10
+
+
+# ------------------------------------------------------------------ the task ladder's knobs (docs/LADDER.md)
+def test_the_ladder_knobs_at_their_neutral_values_draw_the_programs_of_before():
+    """templates [], chain_steps [2, 4], value_range [-999, 999] are the generator before the knobs existed:
+    these digests were taken from that code (commit 844e0f3), so every earlier experiment's task is still drawn."""
+    for difficulty, ops, digest in ((1, ["+", "-", "max", "min"], "b48c4d837cc3ef3e"),
+                                    (3, ALL_OPERATORS, "4e39ac35bd71a5d0"), (2, ["max", "min"], "59781c4d910b4e7f")):
+        cfg = _cfg(difficulty, n=400, max_int=9, canonical_names=True, operators=ops)
+        assert hashlib.sha256(repr(generate(cfg)).encode()).hexdigest()[:16] == digest, difficulty
+
+
+def test_template_names_in_the_schema_are_the_templates():
+    from codi.config import SYNTHETIC_TEMPLATES
+    from codi.sources.synthetic_templates import TEMPLATE_NAMES
+    assert SYNTHETIC_TEMPLATES == TEMPLATE_NAMES
+
+
+def test_templates_pick_the_families_and_chain_is_drawn_only_by_name():
+    assert "chain" not in {p.template for p in generate_programs(_cfg(3, n=300))}
+    progs = generate_programs(_cfg(1, n=60, templates=["chain", "ternary"]))
+    assert {p.template for p in progs} == {"chain", "ternary"}
+    with pytest.raises(ConfigError, match="templates names 'for_range', a level-2 template, above .*difficulty = 1"):
+        generate_programs(_cfg(1, n=5, templates=["for_range"]))
+
+
+def _assignments(program):
+    return [line.strip() for line in program.splitlines()[1:] if " = " in line]
+
+
+@pytest.mark.parametrize("steps", [[2, 2], [3, 3], [6, 8]])
+def test_chain_is_that_many_dependent_steps_on_one_accumulator(steps):
+    progs = generate_programs(_cfg(1, n=80, templates=["chain"], chain_steps=steps, canonical_names=True,
+                                   operators=["+", "-", "max", "min"], max_int=9, value_range=[0, 9]))
+    for p in progs:
+        lines = _assignments(p.program)
+        assert steps[0] <= len(lines) <= steps[1], p.program
+        assert p.program.startswith("def f(a, b):") and all(line.startswith("c = ") for line in lines)
+        assert all(re.search(r"\bc\b", line.split(" = ", 1)[1]) for line in lines[1:]), p.program  # reads c
+        assert p.program.rstrip().endswith("return c")
+    assert {len(_assignments(p.program)) for p in progs} == set(range(steps[0], steps[1] + 1))
+
+
+def test_arith_chain_lines_follow_chain_steps():
+    progs = generate_programs(_cfg(1, n=60, templates=["arith_chain"], chain_steps=[5, 5]))
+    assert all(len(_assignments(p.program)) == 5 for p in progs)
+
+
+def _ints_seen(program, call):
+    """Every int any local holds at any event of the program's frames, and the result."""
+    namespace: dict = {}
+    exec(compile(program, "<ints>", "exec"), namespace)  # noqa: S102
+    seen = []
+
+    def local(frame, event, arg):
+        seen.extend(v for v in frame.f_locals.values() if isinstance(v, int) and not isinstance(v, bool))
+        return local
+
+    sys.settrace(lambda frame, event, arg: local(frame, event, arg) if frame.f_code.co_filename == "<ints>" else None)
+    try:
+        result = eval(call, namespace)  # noqa: S307
+    finally:
+        sys.settrace(None)
+    return seen + [result]
+
+
+def test_value_range_bounds_every_integer_of_every_call():
+    cfg = _cfg(1, n=100, operators=["+", "-", "max", "min"], max_int=9, value_range=[0, 9])
+    progs = generate_programs(cfg)
+    values = [v for p in progs for call, _ in p.calls for v in _ints_seen(p.program, call)]
+    assert values and all(0 <= v <= 9 for v in values)
+    assert set(values) == set(range(10))
+    wide = [v for p in generate_programs(_cfg(1, n=100, operators=["+", "-", "max", "min"], max_int=9))
+            for call, _ in p.calls for v in _ints_seen(p.program, call)]
+    assert min(wide) < 0 and max(wide) > 9  # without the bound, the same task leaves 0..9
+
+
+def test_copy_lines_copy_and_compute_nothing():
+    progs = generate_programs(_cfg(1, n=60, templates=["arith_chain"], operators=["copy"], canonical_names=True,
+                                   max_int=9))
+    for p in progs:
+        assert all(re.fullmatch(r"\w+ = \w+", line) for line in _assignments(p.program)), p.program
+        assert re.search(r"return \w+\n?$", p.program)
+        for call, result in p.calls:  # the result is one of the arguments
+            assert int(result) in ast.literal_eval(call[call.index("("):].replace("(", "[", 1)[:-1] + "]")
+
+
+@pytest.mark.parametrize("key,value,msg", [("chain_steps", [3], r"chain_steps = \[3\]: expected \[lo, hi\]"),
+                                           ("chain_steps", [4, 2], "expected"), ("chain_steps", [0, 2], "1 <= lo"),
+                                           ("value_range", [0, 1000], "<= 999"),
+                                           ("templates", ["loop"], "bad: 'loop'"), ("operators", ["/"], "bad: '/'")])
+def test_bad_ladder_knobs_name_their_key(key, value, msg):
+    from tests.tiny import tiny_params
+    raw = tiny_params(extract={"synthetic": {key: value}})
+    with pytest.raises(ConfigError, match=msg):
+        params_from_dict(raw)

@@ -127,3 +127,16 @@ def test_exit_kind_after_a_finally_and_after_returning_the_caught_exception() ->
               fr("exception", "    1 / 0", err), fr("line", "    pass"), fr("return", "    pass", "None"),
               fr("line", "    x = 1"), fr("return", "    x = 1", err)]
     assert exit_kind(nested, nested[-1]) == "return"
+
+
+def test_computed_values_counts_what_a_trace_computes_not_what_it_copies():
+    from codi.tracing.format import computed_values
+    frames = [Frame("call", "def f(a, b):\n", locals='{"a": "1", "b": "2"}'),
+              Frame("line", "    c = a + 1\n", locals='{"a": "1", "b": "2"}'),           # copies only
+              Frame("line", "    c = c + b\n", locals='{"a": "1", "b": "2", "c": "2"}'),  # new c: 1
+              Frame("line", "    return c\n", locals='{"a": "1", "b": "2", "c": "4"}'),   # changed c: 1
+              Frame("return", "    return c\n", value='"4"')]                              # the result: 1
+    assert computed_values(frames) == 3
+    diff = [frames[0], Frame("line", "    c = a + 1\n", locals='{"a": "..", "b": ".."}'),
+            Frame("line", "    c = c + b\n", locals='{"a": "..", "b": "..", "c": "2"}'), frames[4]]
+    assert computed_values(diff) == 2  # ".." is a copy in the diff encoding
