@@ -5,7 +5,8 @@
 
 write_plots writes, for `dvc plots` (drawn by the templates in .dvc/plots/, named in dvc.yaml) and as PNGs:
 accuracy.csv (mode, accuracy, n: one row per mode, all examples), accuracy_by_source.csv (source, mode,
-accuracy, n) and accuracy_vs_positions.csv (mode, source, positions, accuracy, n; source "all" = all examples).
+accuracy, n) and accuracy_vs_positions.csv (mode, source, positions, accuracy with its 95% interval
+accuracy_lo/accuracy_hi, n; source "all" = all examples).
 """
 
 from __future__ import annotations
@@ -81,11 +82,17 @@ def plot_tables(overall: dict[str, Any], per_source: dict[str, Any]) -> dict[str
     t = (summary_table(overall, per_source)
          .rename(columns={"output_accuracy": "accuracy", "mean_positions": "positions"})
          .round({"accuracy": 4, "positions": 2}))
+    # the 95% interval of each accuracy (summarize's `_ci` list, or compact's `_lo`/`_hi`); the point where none
+    ci = t["output_accuracy_ci"] if "output_accuracy_ci" in t else pd.Series([None] * len(t), index=t.index)
+    for k, side in enumerate(("lo", "hi")):
+        given = t[f"output_accuracy_{side}"] if f"output_accuracy_{side}" in t else pd.Series(float("nan"), index=t.index)
+        from_ci = ci.map(lambda c, k=k: c[k] if isinstance(c, (list, tuple)) else float("nan"))
+        t[f"accuracy_{side}"] = given.fillna(from_ci).fillna(t["accuracy"]).astype(float).round(4)
     over_all = t["source"] == ALL
     return {
         "accuracy.csv": t.loc[over_all, ["mode", "accuracy", "n"]],
         "accuracy_by_source.csv": t.loc[~over_all, ["source", "mode", "accuracy", "n"]],
-        "accuracy_vs_positions.csv": t[["mode", "source", "positions", "accuracy", "n"]],
+        "accuracy_vs_positions.csv": t[["mode", "source", "positions", "accuracy", "accuracy_lo", "accuracy_hi", "n"]],
     }
 
 
@@ -153,6 +160,8 @@ def _draw_vs_positions(plt: ModuleType, t: pd.DataFrame) -> Figure:
     for ax, source in zip(axes[0], sources):
         points = t[t["source"] == source].sort_values("positions")
         for k, row in enumerate(points.itertuples()):
+            ax.errorbar(row.positions, row.accuracy, yerr=[[row.accuracy - row.accuracy_lo], [row.accuracy_hi - row.accuracy]],
+                        fmt="none", ecolor=_color(row.mode), elinewidth=1, capsize=3)  # the 95% interval
             ax.scatter(row.positions, row.accuracy, color=_color(row.mode), s=40, label=row.mode)
             ax.annotate(f"{row.mode} {row.accuracy:.1%}", (row.positions, row.accuracy), fontsize=7, va="center",
                         ha="left" if k % 2 == 0 else "right", xytext=(6 if k % 2 == 0 else -6, 0),
@@ -165,7 +174,7 @@ def _draw_vs_positions(plt: ModuleType, t: pd.DataFrame) -> Figure:
     axes[0][0].set_ylim(-0.02, min(1.02, 1.2 * float(t["accuracy"].max()) + 0.05))
     axes[0][0].set_xlim(1, 3 * float(t["positions"].max()))
     axes[0][0].yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-    fig.suptitle("accuracy vs cost (tokens + latents generated)")
+    fig.suptitle("accuracy vs cost (tokens + latents generated; bars: 95% intervals)")
     fig.tight_layout()
     return fig
 
@@ -187,11 +196,31 @@ def _markdown_table(cells: pd.DataFrame) -> list[str]:
             + ["| " + " | ".join(map(str, row)) + " |" for row in cells.itertuples(index=False)])
 
 
+def split_summaries(by_split: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """metrics/eval_by_split.json: {split: {"all": compact overall, source: compact per source}} from
+    {split: summarize(rows of that split)}: where a result is chosen (val) apart from where it is reported (test)."""
+    return {split: {ALL: compact(overall), **{src: compact(v) for src, v in per_source.items()}}
+            for split, (overall, per_source) in by_split.items()}
+
+
+def _split_table(by_split: dict[str, Any], modes: list[str]) -> list[str]:
+    rows = [{"split": split, "source": source,
+             **{f"{m} acc [95% CI]": _with_ci(s[m]["output_accuracy"], [s[m]["output_accuracy_lo"], s[m]["output_accuracy_hi"]]
+                                              if "output_accuracy_lo" in s[m] else None) + f" (n={s[m]['n']})"
+                for m in modes if isinstance(s.get(m), dict)},
+             "retention": "-" if s.get("retention") is None else f"{s['retention']:.2f}" + (
+                 f" [{s['retention_lo']:.2f}, {s['retention_hi']:.2f}]" if "retention_lo" in s else "")}
+            for split, per_source in by_split.items() for source, s in per_source.items()
+            if source != ALL or len(per_source) > 2]  # "all" only where a split holds several sources
+    return _markdown_table(pd.DataFrame(rows))
+
+
 def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits: list[str],
-                    per_difficulty: dict[str, Any] | None = None, diagnostics: dict[str, Any] | None = None) -> str:
+                    per_difficulty: dict[str, Any] | None = None, diagnostics: dict[str, Any] | None = None,
+                    by_split: dict[str, Any] | None = None) -> str:
     """The evaluation table per mode, the latent-vs-explicit ratios, the latent diagnostics
-    (codi.metrics.latent_diagnostics), the accuracy per source and, when several levels were evaluated, per
-    difficulty level (codi.metrics.per_difficulty), in markdown."""
+    (codi.metrics.latent_diagnostics), the accuracy per source, per split and source (split_summaries) and,
+    when several levels were evaluated, per difficulty level (codi.metrics.per_difficulty), in markdown."""
     t = summary_table(overall, per_source).reindex(
         columns=["source", "mode", *SUMMARY_KEYS, "output_accuracy_ci", "first_error"]).astype(object)
     t = t.where(t.notna(), None)
@@ -229,6 +258,8 @@ def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits:
            .reindex(index=list(per_source), columns=list(top["mode"])).fillna("-"))
     acc.columns = [f"{m} acc" for m in acc.columns]
     lines += ["", *_markdown_table(acc.rename_axis("source").reset_index())]
+    if by_split and len(by_split) > 1:
+        lines += ["", "Per split (choose on val, report on test):", "", *_split_table(by_split, list(top["mode"]))]
     if per_difficulty and len(per_difficulty) > 1:
         modes = list(top["mode"])
         rows = [{"difficulty": level, **{f"{m} acc [95% CI]": _with_ci(s[m]["output_accuracy"], s[m].get("output_accuracy_ci"))

@@ -1,6 +1,6 @@
 """Stage `evaluate`: explicit-trace vs latent vs no-trace decoding on held-out problems.
 
-    python -m codi evaluate      # metrics/eval.{json,md}, eval_by_{source,difficulty}.json, predictions, plots
+    python -m codi evaluate      # metrics/eval.{json,md}, eval_by_{source,difficulty,split}.json, predictions, plots
 
 Each mode decodes greedily (codi.decoding): `explicit` = the sft model writes the trace, `latent` = the codi
 model writes it with a latent block per LINE frame (exactly the latent_steps it was trained with), `direct` =
@@ -19,7 +19,7 @@ from codi.decoding import iter_decode, program_action_lines, true_action_lines
 from codi.device import set_threads
 from codi.files import write_json, write_text
 from codi.metrics import Bootstrap, latent_diagnostics, per_difficulty, score_example, summarize
-from codi.report import compact, markdown_report, write_plots, write_predictions
+from codi.report import compact, markdown_report, split_summaries, write_plots, write_predictions
 from codi.tokens import load_tokenizer
 from codi.tracing.format import parse_trace
 
@@ -99,12 +99,15 @@ def run(params: Params, cache: Path, sft: Path, codi: Path, direct: Path, metric
 
     overall, per_source = summarize(rows, boot)
     by_level = per_difficulty(rows, boot)
+    by_split = split_summaries({split: summarize([r for r in rows if r["split"] == split], boot)
+                                for split in dict.fromkeys(r["split"] for r in rows)})
     write_json(metrics_dir / "eval.json", compact(overall) | ({"latent_diagnostics": diagnostics} if diagnostics else {}))
     write_json(metrics_dir / "eval_by_source.json", {s: compact(v) for s, v in per_source.items()})
     write_json(metrics_dir / "eval_by_difficulty.json", {d: compact(v) for d, v in by_level.items()})
+    write_json(metrics_dir / "eval_by_split.json", by_split)
     write_predictions(rows, generated, predictions)
     write_plots(overall, per_source, plots)
-    report = markdown_report(overall, per_source, cfg.splits, by_level, diagnostics)
+    report = markdown_report(overall, per_source, cfg.splits, by_level, diagnostics, by_split)
     write_text(metrics_dir / "eval.md", report)
     print(report)
     return 0

@@ -31,7 +31,7 @@ PER_SOURCE = {
     "synthetic": {"explicit": _stats(6, 2 / 6, 146.4019), "latent": _stats(6, 1 / 6, 88.7685),
                   "direct": _stats(6, 1 / 6, 5.713), "retention": 0.5, "compression": 1.65, "speedup": 1.5},
 }
-OVERALL = {"explicit": _stats(9, 2 / 9, 267.78), "latent": _stats(9, 2 / 9, 203.16),
+OVERALL = {"explicit": {**_stats(9, 2 / 9, 267.78), "output_accuracy_ci": [0.05, 0.5]}, "latent": _stats(9, 2 / 9, 203.16),
            "direct": _stats(9, 1 / 9, 5.47), "retention": 1.0, "compression": 1.32, "speedup": 1.2}
 
 
@@ -93,7 +93,13 @@ def test_scatter_points_say_their_mode_and_source(rendered: dict[str, Any]) -> N
     assert got == {(m, s): (round(summaries[s][m]["mean_positions"], 2), round(summaries[s][m]["output_accuracy"], 4))
                    for s in summaries for m in MODES}
     assert plot["facet"]["column"]["field"] == "source"  # one panel per source
-    points, *labels = plot["spec"]["layer"]
+    bars, points, *labels = plot["spec"]["layer"]
     assert points["encoding"]["color"]["field"] == "mode"
+    # each point's 95% interval as a vertical rule from accuracy_lo to accuracy_hi
+    assert bars["mark"]["type"] == "rule" and (bars["encoding"]["y"]["field"], bars["encoding"]["y2"]["field"]) == (
+        "accuracy_lo", "accuracy_hi")
+    spans = {(v["mode"], v["source"]): (float(v["accuracy_lo"]), float(v["accuracy_hi"])) for v in plot["data"]["values"]}
+    assert spans[("explicit", "all")] == (0.05, 0.5)
+    assert spans[("latent", "synthetic")] == (round(1 / 6, 4), round(1 / 6, 4))  # no interval: the point
     assert all(layer["encoding"]["text"]["field"] == "dvc_label" for layer in labels) and len(labels) == 2
     assert any("datum.mode" in t.get("calculate", "") and t["as"] == "dvc_label" for t in plot["transform"])

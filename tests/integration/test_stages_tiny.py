@@ -150,6 +150,15 @@ def test_evaluate_outputs(ws):
     assert sum(v["explicit"]["n"] for v in by_level.values()) == by_source["synthetic"]["explicit"]["n"]
     for name in ("accuracy.png", "accuracy_vs_positions.png", "accuracy.csv", "accuracy_vs_positions.csv"):
         assert (ws / "plots/eval" / name).stat().st_size > 0
+    # per split: the rows of each evaluated split, apart (choose on val, report on test)
+    by_split = json.loads((ws / "metrics/eval_by_split.json").read_text())
+    explicit_rows = [r for r in rows if r["mode"] == "explicit"]
+    assert set(by_split) == {r["split"] for r in rows}
+    for split, v in by_split.items():
+        in_split = [r for r in explicit_rows if r["split"] == split]
+        assert v["all"]["explicit"]["n"] == len(in_split)
+        assert v["all"]["explicit"]["output_accuracy"] == round(sum(r["correct"] for r in in_split) / len(in_split), 4)
+    assert all("output_accuracy_lo" in v["all"]["explicit"] for v in by_split.values())
 
 
 def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):

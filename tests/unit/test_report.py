@@ -60,15 +60,25 @@ def test_plot_tables_one_row_per_mode_then_per_source() -> None:
         ("humaneval", "explicit", 0.0), ("humaneval", "latent", 0.0), ("synthetic", "explicit", 0.6667),
         ("synthetic", "latent", 0.3333), ("synthetic", "direct", 0.125)]
     cost = tables["accuracy_vs_positions.csv"]
-    assert list(cost.columns) == ["mode", "source", "positions", "accuracy", "n"]
+    assert list(cost.columns) == ["mode", "source", "positions", "accuracy", "accuracy_lo", "accuracy_hi", "n"]
     assert len(cost) == 8 and cost.iloc[0].to_dict() == {"mode": "explicit", "source": "all", "positions": 200.12,
-                                                         "accuracy": 0.5, "n": 4}
+                                                         "accuracy": 0.5, "accuracy_lo": 0.5, "accuracy_hi": 0.5,
+                                                         "n": 4}  # no interval given: the point itself
 
 
 def test_plot_tables_read_the_committed_compact_form() -> None:
     tables = plot_tables(compact(OVERALL), {s: compact(v) for s, v in PER_SOURCE.items()})
     assert tables["accuracy.csv"]["accuracy"].tolist() == [0.5, 0.25, 0.125]
     assert tables["accuracy_vs_positions.csv"]["positions"].tolist()[:3] == [200.12, 100.0, 5.55]
+
+
+def test_accuracy_vs_positions_carries_each_interval_in_either_form() -> None:
+    with_ci = {**OVERALL, "explicit": {**OVERALL["explicit"], "output_accuracy_ci": [0.31234, 0.7]}}
+    for overall in (with_ci, compact(with_ci)):  # summarize's `_ci` list, or the committed `_lo`/`_hi`
+        cost = plot_tables(overall, PER_SOURCE)["accuracy_vs_positions.csv"]
+        first, second = cost.iloc[0], cost.iloc[1]
+        assert (first["accuracy_lo"], first["accuracy"], first["accuracy_hi"]) == (0.3123, 0.5, 0.7)
+        assert second["accuracy_lo"] == second["accuracy_hi"] == second["accuracy"]  # none given
 
 
 def test_write_plots_writes_csv_and_png(tmp_path: Path) -> None:

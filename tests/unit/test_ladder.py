@@ -1,0 +1,117 @@
+"""The task ladder's tooling: rungs load and validate, queue commands, results collected from experiment refs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from codi.config import ConfigError, params_from_dict, read_yaml
+from codi.ladder import (Rung, apply_overrides, collect, load_rungs, markdown_table, plot, queue_command, rung_row,
+                         set_args)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_rungs_are_valid_params_and_span_the_axes():
+    rungs = load_rungs()
+    assert len(rungs) >= 6 and len({r.name for r in rungs}) == len(rungs)
+    shipped = read_yaml(ROOT / "params.yaml")
+    for r in rungs:
+        params = params_from_dict(apply_overrides(shipped, r.overrides))
+        assert r.doc and all(k.startswith(("extract.synthetic.", "sft.")) for k in r.overrides), r.name
+        assert params.extract.synthetic  # a full, valid params file
+    ops = {tuple(r.overrides.get("extract.synthetic.operators", ())) for r in rungs}
+    assert ("copy",) in ops and ("max", "min") in ops  # the operations axis, from copying up
+    steps = {tuple(r.overrides["extract.synthetic.chain_steps"]) for r in rungs
+             if r.overrides.get("extract.synthetic.templates") == ["chain"]}
+    assert len(steps) >= 2  # the dependent-steps axis
+
+
+def _rungs_file(tmp_path, rungs):
+    path = tmp_path / "ladder.yaml"
+    path.write_text(yaml.safe_dump({"rungs": rungs}))
+    return path
+
+
+@pytest.mark.parametrize("rung,msg", [
+    ({"name": "a", "doc": "d", "set": {"extract.synthetic.nope": 1}}, "unknown params key extract.synthetic.nope"),
+    ({"name": "a", "doc": "d", "set": {"extract.synthetic.value_range": [5, 1]}}, r"value_range = \[5, 1\]"),
+    ({"name": "a b", "doc": "d", "set": {}}, "name 'a b'"),
+    ({"name": "a", "set": {}}, "expected exactly the keys name, doc, set"),
+])
+def test_a_bad_rung_is_a_clear_error_naming_the_file_and_rung(tmp_path, rung, msg):
+    with pytest.raises(ConfigError, match=msg) as e:
+        load_rungs(_rungs_file(tmp_path, [rung]), ROOT / "params.yaml")
+    assert str(tmp_path / "ladder.yaml") in str(e.value)
+
+
+def test_queue_command_sets_every_override_in_flow_style():
+    rung = Rung("mix", "d", {"extract.synthetic.operators": ["+", "-", "max"], "extract.synthetic.value_range": [0, 9],
+                             "extract.synthetic.templates": ["chain"]})
+    cmd = queue_command(rung, {"sft.max_steps": 7200}, prefix="budget")
+    assert cmd[:6] == ["dvc", "exp", "run", "--queue", "-n", "budget-mix"]
+    sets = dict(a.split("=", 1) for a in cmd[6:] if a != "-S")
+    assert set(sets) == {*rung.overrides, "sft.max_steps"} and sets["extract.synthetic.value_range"] == "[0, 9]"
+    for key, text in sets.items():  # what DVC reads back (YAML) is the value asked for
+        assert yaml.safe_load(text) == {**rung.overrides, "sft.max_steps": 7200}[key]
+    assert set_args({"gamma": 2.0}) == ["-S", "gamma=2.0"]
+
+
+def _by_split(acc):
+    def summary(a):
+        return {"explicit": {"n": 10, "output_accuracy": a, "output_accuracy_lo": a - 0.1, "output_accuracy_hi": a + 0.1},
+                "latent": {"n": 10, "output_accuracy": a / 2, "output_accuracy_lo": 0.0, "output_accuracy_hi": a},
+                "direct": {"n": 10, "output_accuracy": 0.1},
+                "retention": 0.5, "retention_lo": 0.3, "retention_hi": 0.7, "compression": 1.6}
+    return {"val": {"all": summary(acc), "synthetic": summary(acc)}, "test": {"synthetic": summary(acc - 0.05)}}
+
+
+def test_rung_row_reads_each_split_and_the_task_size():
+    base = {"gamma": 0.5, "extract": {"synthetic": {"chain_steps": [2, 4]}}}
+    params = {"gamma": 0.5, "extract": {"synthetic": {"chain_steps": [5, 7]}}}
+    pre = {"tokens_by_source": {"synthetic": {"mean_line_frames": 6.1, "mean_computed_values": 5.2, "mean_total": 240.0}}}
+    row = rung_row("ladder-x", params, _by_split(0.9), pre, {"sft": 600.0}, base)
+    assert row["params_diff"] == {"extract.synthetic.chain_steps": [5, 7]}
+    assert row["val"]["explicit"] == [0.9, pytest.approx(0.8), 1.0, 10] and row["val"]["direct"] == [0.1, None, None, 10]
+    assert row["test"]["explicit"][0] == pytest.approx(0.85) and row["test"]["retention"] == [0.5, 0.3, 0.7]
+    assert row["test"]["compression"] == [1.6, None, None]
+    assert (row["line_frames"], row["computed_values"], row["tokens"]) == (6.1, 5.2, 240.0)
+    table = markdown_table([row], "test")
+    assert "| ladder-x | 85.0% [75.0, 95.0] | 42.5% [0.0, 85.0] | 10.0% | 0.50 [0.30, 0.70] | 1.60x |" in table
+    assert table.splitlines()[-1].endswith("| 6.1 | 5.2 | 240 | 600 |")
+
+
+def test_plot_writes_a_png(tmp_path):
+    rows = [rung_row(f"ladder-{k}", {}, _by_split(a), {}, {}, {}) for k, a in (("a", 0.9), ("b", 0.5))]
+    plot(rows, tmp_path / "ladder.png")
+    assert (tmp_path / "ladder.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_collect_reads_finished_experiments_from_their_git_refs(tmp_path):
+    """dvc keeps each experiment as a commit under refs/exps/; collect reads the files of those commits."""
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"extract": {"synthetic": {"chain_steps": [2, 4]}}}))
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    for name, steps, acc in (("ladder-b", [5, 7], 0.6), ("ladder-a", [3, 5], 0.9), ("other-c", [1, 1], 0.1)):
+        (tmp_path / "metrics").mkdir()
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"extract": {"synthetic": {"chain_steps": steps}}}))
+        (tmp_path / "metrics/eval_by_split.json").write_text(json.dumps(_by_split(acc)))
+        (tmp_path / "metrics/precompute.json").write_text(json.dumps({}))
+        (tmp_path / "metrics/sft.json").write_text(json.dumps({"train_runtime_s": 100.0}))
+        git("add", "-A")
+        git("commit", "-qm", name)
+        git("update-ref", f"refs/exps/ab/cdef/{name}", "HEAD")
+        git("reset", "-q", "--hard", "HEAD~1")
+    rows = collect("ladder", tmp_path)
+    assert [r["experiment"] for r in rows] == ["ladder-a", "ladder-b"]
+    assert rows[0]["params_diff"] == {"extract.synthetic.chain_steps": [3, 5]}
+    assert rows[0]["val"]["explicit"][0] == 0.9 and rows[0]["seconds"] == {"sft": 100.0}
