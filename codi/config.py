@@ -38,7 +38,7 @@ SOURCE_NAMES = ("synthetic", "humaneval", "mbpp", "pyx", "cruxeval")
 SYNTHETIC_TEMPLATES = ("arith_chain", "branch", "early_return", "ternary", "for_range", "while_loop",
                        "list_accumulate", "list_build", "list_ops", "string_loop", "string_ops", "dict_count",
                        "dict_map", "helper_call", "scan_best", "recursion_int", "recursion_list", "recursion_str",
-                       "nested_range", "nested_lists", "chain")
+                       "nested_range", "nested_lists", "chain", "chain_const")
 
 
 # --------------------------------------------------------------------------------------- extract
@@ -58,6 +58,7 @@ class SyntheticConfig:
     chain_steps: list[int] = _f("[lo, hi]: assignment lines of the straight-line templates (arith_chain, chain)")
     value_range: list[int] = _f("[lo, hi]: every integer a call holds (locals, items, result); a call outside is "
                                 "drawn again")
+    add_max: int = _f("largest constant of a drawn + or - (`c + 1` .. `c + add_max`)", ge=1, le=9)
     seed: int = _f("generator seed; the same seed gives the same programs")
 
     def __post_init__(self) -> None:

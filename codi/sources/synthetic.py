@@ -92,7 +92,7 @@ def _draw_program(i: int, cfg: SyntheticConfig, templates: list[Any], seen: set[
         rng = random.Random(_derive_seed(cfg.seed, i, attempt))
         template = templates[rng.randrange(len(templates))]
         draft = template.build(Gen(rng, cfg.max_int, cfg.canonical_names, tuple(cfg.operators),
-                                   (cfg.chain_steps[0], cfg.chain_steps[1])))
+                                   (cfg.chain_steps[0], cfg.chain_steps[1]), cfg.add_max))
         program = normalize_program("\n".join(draft.lines))
         if program in seen or not 3 <= program.count("\n") <= MAX_LINES:
             continue

@@ -63,12 +63,14 @@ class Gen:
     """Drawing helpers bound to one program: fresh names and one-operation expressions."""
 
     def __init__(self, rng: random.Random, max_int: int = 20, canonical_names: bool = False,
-                 operators: tuple[str, ...] = OPERATORS, chain_steps: tuple[int, int] = (2, 4)) -> None:
+                 operators: tuple[str, ...] = OPERATORS, chain_steps: tuple[int, int] = (2, 4),
+                 add_max: int = 9) -> None:
         self.rng = rng
         self.operators = operators
         self.max_int = max_int
         self.canonical_names = canonical_names
         self.chain_steps = chain_steps
+        self.add_max = add_max
         self.used: set[str] = set()
 
     def fresh(self, pool: tuple[str, ...] = VAR_NAMES) -> str:
@@ -102,7 +104,7 @@ class Gen:
         if both and b is not None and set(self.operators) == {"copy"}:
             both = False
         forms = [] if both and b is not None else [("copy", a)] + [
-            ("+", f"{a} + {self.c()}"), ("-", f"{a} - {self.c()}"), ("*", f"{a} * {self.c(2, 3)}"),
+            ("+", f"{a} + {self.c(1, self.add_max)}"), ("-", f"{a} - {self.c(1, self.add_max)}"), ("*", f"{a} * {self.c(2, 3)}"),
             ("//", f"{a} // {self.c(2, 3)}"), ("%", f"{a} % {self.c(2, 7)}"), ("max", f"max({a}, {self.c()})"),
             ("min", f"min({a}, {self.c()})"), ("abs", f"abs({a} - {self.c()})")]
         if b is not None:
@@ -166,6 +168,17 @@ def chain(g: Gen) -> Draft:
         body.append(f"{acc} = {g.arith(acc, rng.choice([a, b]))}")
     body.append(f"return {acc}")
     return Draft(func(name, [a, b], body), name, [g.small_int(), g.small_int()])
+
+
+def chain_const(g: Gen) -> Draft:
+    """Dependent steps on one argument with constants only (`b = a + 3`, `b = max(b, 6)`): each line reads
+    the one value the line before it wrote and a constant of its own text, so a step looks up one value
+    and the locals are two names wide."""
+    name = g.fresh(ENTRY_NAMES)
+    a, acc = g.names(2)
+    body = [f"{acc} = {g.arith(a)}"] + [f"{acc} = {g.arith(acc)}" for _ in range(g.steps() - 1)]
+    body.append(f"return {acc}")
+    return Draft(func(name, [a], body), name, [g.small_int()])
 
 
 def branch(g: Gen) -> Draft:
@@ -462,6 +475,6 @@ TEMPLATES: tuple[Template, ...] = (
     Template("nested_lists", 3, nested_lists),
     # Appended, so that drawing among the templates above stays byte-identical: a level-1 template that
     # `difficulty` alone never draws; `SyntheticConfig.templates` names it (the task ladder's rungs).
-    Template("chain", 1, chain, by_level=False),
+    Template("chain", 1, chain, by_level=False), Template("chain_const", 1, chain_const, by_level=False),
 )
 TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)

@@ -23,7 +23,7 @@ ALL_OPERATORS = ["+", "-", "*", "//", "%", "max", "min", "abs"]
 def _cfg(difficulty=2, n=N, calls=2, seed=0, **knobs):
     """The generator over its whole space: every operator, inputs up to 20, free names (unless `knobs` say)."""
     fields = dict(n_programs=n, calls_per_program=calls, difficulty=difficulty, max_int=20, canonical_names=False,
-                  operators=ALL_OPERATORS, templates=[], chain_steps=[2, 4], value_range=[-999, 999], seed=seed)
+                  operators=ALL_OPERATORS, templates=[], chain_steps=[2, 4], value_range=[-999, 999], add_max=9, seed=seed)
     return SyntheticConfig(**{**fields, **knobs})
 
 
@@ -51,7 +51,7 @@ def test_determinism_across_processes_and_hash_seeds():
     code = ("from codi.config import ConfigError, SyntheticConfig, params_from_dict; from codi.sources.synthetic import generate; import hashlib;"
             "s = generate(SyntheticConfig(n_programs=60, calls_per_program=2, difficulty=3, max_int=20, "
             f"canonical_names=False, operators={ALL_OPERATORS!r}, templates=[], chain_steps=[2, 4], "
-            "value_range=[-999, 999], seed=7));"
+            "value_range=[-999, 999], add_max=9, seed=7));"
             "print(hashlib.sha256(repr(s).encode()).hexdigest())")
     outs = {subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True,
                            text=True, check=True).stdout for seed in ("1", "2")}
