@@ -28,7 +28,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.runtime import flow_run as runtime_flow_run
 
-from codi.config import ConfigError, PipelineConfig, build, flatten, read_yaml
+from codi.config import ConfigError, build, flatten, read_yaml
+from codi.schemas.pipeline import PipelineConfig
 from pipelines import dvc
 
 EVAL_JSON = "metrics/eval.json"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
 import codi
-from codi.config import SandboxConfig, TraceConfig
+from codi.schemas.extract import SandboxConfig, TraceConfig
 from codi.sources.base import Sample
 from codi.tokens import contains_special
 from codi.tracing import limits

@@ -124,7 +124,7 @@ def test_codi_model_loads_with_one_call(ws):
 
     loaded = load_codi_model(ws / "models/codi")
     # decoded exactly as trained: the shipped latent_steps, recorded in the model folder
-    assert loaded.config.latent_steps == shipped("codi").latent_steps and loaded.config.extra["step"] == 4
+    assert loaded.config.options.latent_steps == shipped("codi").latent_steps and loaded.config.extra["step"] == 4
     assert loaded.model.lm_head.weight.data_ptr() == loaded.model.get_input_embeddings().weight.data_ptr()
 
 

@@ -228,7 +228,7 @@ def test_the_ladder_knobs_at_their_neutral_values_draw_the_programs_of_before():
 
 
 def test_template_names_in_the_schema_are_the_templates():
-    from codi.config import SYNTHETIC_TEMPLATES
+    from codi.schemas.extract import SYNTHETIC_TEMPLATES
     from codi.sources.synthetic_templates import TEMPLATE_NAMES
     assert SYNTHETIC_TEMPLATES == TEMPLATE_NAMES
 
