@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codi.config import ConfigError, describe, load_params, sections, to_dict
+from codi.config import UserError, describe, load_params, sections, to_dict
 
 # No command reaches the network unless asked to; a user's own setting wins.
 OFFLINE_ENV = {"DVC_NO_ANALYTICS": "1", "DVC_STUDIO_OFFLINE": "true", "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd.relaunchable:
             kwargs["argv"] = argv
         return run(sections(params, typing.get_type_hints(run)["params"]), **kwargs) or 0
-    except ConfigError as e:  # a bad params file, or a value that is only wrong in context (a missing model, ...)
+    except (UserError, FileNotFoundError) as e:  # params, a dataset line, a file or folder: the user can fix it
         print(f"error: {e}", file=sys.stderr)
         return 2
 

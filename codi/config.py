@@ -31,8 +31,14 @@ import yaml
 PARAMS_SCHEMA = "codi.params:Params"
 
 
-class ConfigError(ValueError):
-    """A params file or value that does not match the schema, or another error a user can fix (one line)."""
+class UserError(ValueError):
+    """An error the user can fix: a bad params value, dataset line, missing file, a folder that is not the model
+    it should be. `python -m codi` prints it as one `error: ...` line naming the file, line or key, and exits 2."""
+
+
+class ConfigError(UserError):
+    """A params file or value that does not match the schema, or a value only wrong in context (a missing model,
+    an empty split, a cache of another tokenizer)."""
 
 
 def option(doc: str, **checks: Any) -> Any:

@@ -26,6 +26,7 @@ from torch import nn
 
 from codi.config import ConfigError, build
 from codi.files import write_json
+from codi.hf import load_causal_lm
 from codi.modeling.latent import build_projector
 from codi.modeling.model import CodiModel
 from codi.modeling.options import CodiOptions, LossWeights
@@ -130,14 +131,13 @@ def load_codi_model(path: str | Path, device: str | torch.device | None = None,
                     dtype: torch.dtype | None = None) -> LoadedCodi:
     """Load a folder written by `save_codi_model`. dtype None keeps the saved dtype; device None = CPU."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     cfg = read_codi_config(path)
     tok = load_tokenizer(path)
     if token_ids(tok) != cfg.token_ids:
         raise ConfigError(f"{path / CODI_CONFIG}: token_ids differ from the saved tokenizer's")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else "auto")
+    model = load_causal_lm(path, dtype if dtype is not None else "auto")
     if device is not None:
         model.to(device)
     model.eval()

@@ -14,6 +14,7 @@ from codi.config import ConfigError, to_dict
 from codi.data import check_tokenizer
 from codi.device import resolve_precision, set_threads
 from codi.files import write_json
+from codi.hf import load_causal_lm
 from codi.launch import maybe_relaunch
 from codi.modeling import CodiModel
 from codi.schemas.codi import CodiConfig, TopLevelWeights
@@ -39,7 +40,6 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
     import torch
-    from transformers import AutoModelForCausalLM
 
     if not (sft / "config.json").is_file():
         raise ConfigError(f"{sft}: no model here (run the sft stage first)")
@@ -52,8 +52,8 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
     tok = load_tokenizer(sft)
     check_tokenizer(tok, cache, sft)
     dtype = torch.bfloat16 if resolve_precision(cfg.precision)["bf16"] else torch.float32
-    base = AutoModelForCausalLM.from_pretrained(sft, dtype=dtype)
-    teacher = AutoModelForCausalLM.from_pretrained(teacher_path, dtype=dtype) if teacher_path else None
+    base = load_causal_lm(sft, dtype)
+    teacher = load_causal_lm(teacher_path, dtype) if teacher_path else None
     torch.manual_seed(cfg.seed)  # the projector's initialisation: a rerun (or a resume) starts from the same one
     try:
         model = CodiModel.from_config(base, token_ids(tok), cfg, params.loss_weights, frozen_teacher=teacher)

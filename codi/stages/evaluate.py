@@ -19,6 +19,7 @@ from codi.data import CacheDataset, check_tokenizer
 from codi.decoding import iter_decode, program_action_lines, true_action_lines
 from codi.device import set_threads
 from codi.files import write_json, write_text
+from codi.hf import load_causal_lm
 from codi.metrics import Bootstrap, latent_diagnostics, per_difficulty, score_example, summarize
 from codi.report import compact, markdown_report, write_plots, write_predictions
 from codi.schemas.evaluate import EvaluateConfig
@@ -53,7 +54,6 @@ def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path):
     """(model, tokenizer, projector, latent_steps) for a mode; a missing folder, or a tokenizer that did not
     make the cache, is a clear error."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     path = paths[MODE_MODEL[mode]]
     if not (path / "config.json").is_file():
@@ -65,7 +65,7 @@ def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path):
         return loaded.model, loaded.tokenizer, loaded.projector, loaded.config.options.latent_steps
     tok = load_tokenizer(path)
     check_tokenizer(tok, cache_dir, path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), tok, None, 0
+    return load_causal_lm(path, torch.float32).eval(), tok, None, 0
 
 
 def run(params: EvaluateParams, cache: Path, sft: Path, codi: Path, direct: Path, metrics: Path, predictions: Path,

@@ -14,6 +14,7 @@ from codi.config import ConfigError, to_dict
 from codi.data import check_tokenizer
 from codi.device import set_threads
 from codi.files import write_json
+from codi.hf import load_causal_lm
 from codi.launch import maybe_relaunch
 from codi.schemas.model import ModelConfig
 from codi.schemas.train import SftConfig, TrainConfig
@@ -43,7 +44,6 @@ def run(params: SftParams, stage: str, cache: Path, base: Path, out: Path, check
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
     import torch
-    from transformers import AutoModelForCausalLM
 
     if not (base / "config.json").is_file():
         raise ConfigError(f"{base}: no model here (run the precompute stage first)")
@@ -51,7 +51,7 @@ def run(params: SftParams, stage: str, cache: Path, base: Path, out: Path, check
     train_ds, val_ds = training_splits(cache)
     tok = load_tokenizer(base)
     check_tokenizer(tok, cache, base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = load_causal_lm(base, torch.float32)
 
     job = TrainingJob(
         stage=stage, cfg=cfg, logged={stage: to_dict(cfg), "model": to_dict(params.model)},

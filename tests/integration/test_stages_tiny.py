@@ -260,7 +260,23 @@ def test_a_model_whose_tokenizer_did_not_make_the_cache_is_refused(ws, tmp_path,
     manifest.write_text(json.dumps(data))
     for stage in ("sft", "codi", "evaluate"):
         assert cli(other, stage) == 2, stage
-        assert "its tokenizer is not the one that made" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "error: " in err and "its tokenizer is not the one that made" in err and "Traceback" not in err
+
+
+def test_a_model_folder_that_is_not_a_causal_lm_is_refused(ws, tmp_path, capsys):
+    from transformers import ViTConfig
+
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("traces_again", "checkpoints", "dvclive"))
+    (other / "models/sft/config.json").unlink()
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(other / "models/sft")
+    for stage in ("codi", "evaluate"):
+        assert cli(other, stage) == 2, stage
+        err = capsys.readouterr().err
+        assert [line for line in err.splitlines() if line.startswith("error: ")] == [
+            "error: models/sft: not a causal LM that transformers can load " + err.split("can load ", 1)[1].splitlines()[0]]
+        assert "ViTConfig" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("stage, dotted, value, expected", [
