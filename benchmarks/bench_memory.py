@@ -348,7 +348,7 @@ def main(argv=None):
                     help=f"embedding rows ({PIPELINE_VOCAB} = the pipeline's Qwen2.5 table with the trace tokens)")
     ap.add_argument("--steps", type=int, default=1, help="measured steps per configuration")
     ap.add_argument("--configs", default="teacher_ckpt,no_teacher_ckpt", help=f"comma-separated, of {', '.join(CONFIGS)}")
-    ap.add_argument("--lr", type=float, default=1e-5, help="the README's GPU setting for the 0.5B (codi.lr)")
+    ap.add_argument("--lr", type=float, default=1e-5, help="docs/GPU.md's setting for the 0.5B (codi.lr)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--time-limit", type=float, default=0.0, help="stop a configuration's steps after this many s (0: none)")
     ap.add_argument("--report-updates", action="store_true", help="report the share of base weights the steps changed")

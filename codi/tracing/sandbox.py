@@ -109,7 +109,7 @@ def candidate_modes(mode: Mode) -> list[str]:
 
 
 def describe(mode: str, uids: tuple[int, int] | None, sandbox: SandboxConfig, cgroup: bool = False) -> str:
-    """One line: the isolation in use (quoted by the README and printed by the extract stage)."""
+    """One line: the isolation in use (printed by the extract stage)."""
     lim = (f"rlimits (CPU {sandbox.cpu_time_s} s, +{sandbox.memory_mb} MB address space, files "
            f"{sandbox.max_file_mb} MB, {sandbox.max_processes} processes, no core), "
            + (f"memory cgroup ({sandbox.memory_mb} MB for all of a sample's processes), " if cgroup else "")

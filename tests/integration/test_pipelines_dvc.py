@@ -121,7 +121,7 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 
 
 
 def test_served_deployment_runs_on_a_real_server(tmp_path: Path) -> None:
-    """What README's steps do: server, serve, `prefect deployment ls`, a triggered run that completes."""
+    """What docs/ORCHESTRATION.md's steps do: server, serve, `prefect deployment ls`, a triggered run that completes."""
     root = make_project(tmp_path / "p", DAG_STAGES)
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
