@@ -167,7 +167,7 @@ def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):
     summary = json.loads((other / "metrics/codi.json").read_text())
     assert 0.0 <= summary["val_recon_exact_match"] <= 1.0 and summary["val_recon_frames"] > 0
     assert summary["recon_loss_last"] > 0
-    cfg = load_codi_model(other / "models/codi").config
+    cfg = load_codi_model(other / "models/codi").config.options
     assert {k: getattr(cfg, k) for k in opts} == opts
     assert not any("recon" in f.name for f in (other / "models/codi").iterdir())
     ckpts = sorted((other / "checkpoints/codi").glob("checkpoint-*"))
