@@ -31,9 +31,9 @@ import yaml
 from codi.config import ConfigError, flatten
 from pipelines.process import LineCallback, ProcessTimeout, RunResult, last_lines, run_streaming
 
-__all__ = ["LineCallback", "ProcessTimeout", "RunResult", "StageFailed", "StageRun", "check", "comparison_rows",
-           "dvc_command", "exp_show", "expand_grid", "experiment_name", "format_value", "is_transient", "lookup",
-           "metric_keys", "run_experiment", "run_stage", "stage_exit_code", "stage_order", "subprocess_env"]
+__all__ = ["LineCallback", "ProcessTimeout", "RunResult", "StageFailed", "StageRun", "check", "dvc_command",
+           "expand_grid", "experiment_name", "experiment_row", "format_value", "is_transient", "lookup",
+           "run_experiment", "run_stage", "stage_exit_code", "stage_order", "subprocess_env"]
 
 # Output that marks a failure as transient: worth a retry after a delay. Matched case-insensitively. DVC's repo
 # lock is not here: every command waits for it (`dvc --wait-for-lock`).
@@ -255,33 +255,6 @@ def run_experiment(repo: str | Path, overrides: Mapping[str, Any], name: str, on
     return result
 
 
-def exp_show(repo: str | Path) -> list[dict[str, Any]]:
-    """DVC's experiment rows (`dvc.api.exp_show`): one flat row per baseline and experiment of HEAD, with
-    "Experiment" (name), "rev", "typ", ..., then every metric, param and dep as a column (named `key`, or
-    `file:key` where two files share a key). DVC gives numbers as floats, other values as text, None if absent."""
-    import dvc.api
-    from dvc.exceptions import DvcException
-
-    root = Path(repo).resolve()
-    try:
-        return dvc.api.exp_show(repo=str(root))
-    except DvcException as e:
-        raise RuntimeError(f"{root}: DVC cannot list the experiments: {e}") from None
-
-
-def metric_keys(repo: str | Path, metrics_file: str, rev: str) -> list[str]:
-    """The flattened keys of `metrics_file` (relative to the repo root) at `rev` (an experiment's name);
-    [] if it has none there."""
-    import dvc.api
-    from dvc.exceptions import DvcException
-
-    try:
-        data = yaml.safe_load(dvc.api.read(metrics_file, repo=str(Path(repo).resolve()), rev=rev))
-    except (DvcException, OSError, yaml.YAMLError):
-        return []
-    return list(flatten(data)) if isinstance(data, dict) else []
-
-
 def lookup(data: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     """data["a"]["b"] for "a.b" (list items as "a.0"); `default` if absent."""
     cur: Any = data
@@ -295,29 +268,26 @@ def lookup(data: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     return cur
 
 
-def _column(row: Mapping[str, Any], file: str, key: str) -> Any:
-    """exp_show's value of `key` from `file`: its column is `file:key` where another file has the key too."""
-    return row.get(f"{file}:{key}", row.get(key))
+def experiment_row(repo: str | Path, name: str, param_keys: Sequence[str], metrics_file: str) -> dict[str, Any]:
+    """One experiment, its files read at its ref (`dvc.api.read`): name, the overridden params ("gamma" or
+    "file.yaml:key"), then the metrics of `metrics_file` only (not every metric and dep of the project)."""
+    import dvc.api
+    from dvc.exceptions import DvcException
 
+    def read(file: str) -> Any:
+        try:
+            return yaml.safe_load(dvc.api.read(file, repo=str(Path(repo).resolve()), rev=name))
+        except (DvcException, OSError, yaml.YAMLError):
+            return None
 
-def comparison_rows(show: Sequence[Mapping[str, Any]], names: Sequence[str], param_keys: Sequence[str],
-                    metrics_file: str, keys: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per named experiment found in exp_show's rows, in the order of `names`: name, the overridden
-    params (as DVC recorded them; "gamma" or "file.yaml:key"), then the metrics `keys` of `metrics_file` only
-    (not every metric and dep of the project)."""
-    found = {row.get("Experiment"): row for row in show if row.get("Experiment") in names}
-    rows: list[dict[str, Any]] = []
-    for name in names:
-        if name not in found:
-            continue
-        data = found[name]
-        row: dict[str, Any] = {"experiment": name}
-        for key in param_keys:
-            file, _, dotted = key.rpartition(":") if ":" in key else ("params.yaml", "", key)
-            row[key] = _column(data, file, dotted)
-        row.update({k: _column(data, metrics_file, k) for k in keys})
-        rows.append(row)
-    return rows
+    row: dict[str, Any] = {"experiment": name}
+    for key in param_keys:
+        file, _, dotted = key.rpartition(":") if ":" in key else ("params.yaml", "", key)
+        data = read(file)
+        row[key] = lookup(data, dotted) if isinstance(data, dict) else None
+    metrics = read(metrics_file)
+    row.update(flatten(metrics) if isinstance(metrics, dict) else {})
+    return row
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["repro"] and len(sys.argv) == 5:

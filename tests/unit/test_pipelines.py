@@ -95,7 +95,7 @@ def test_grid_expansion_names_and_values() -> None:
         parse_grid(["gamma"])
 
 
-def test_eval_table_rows_and_comparison_rows() -> None:
+def test_eval_table_rows() -> None:
     from pipelines.flows import eval_table
 
     rows = eval_table({"explicit": {"accuracy": 0.5}, "latent": {"accuracy": 0.25, "steps": {"mean": 3}},
@@ -105,16 +105,6 @@ def test_eval_table_rows_and_comparison_rows() -> None:
         {"name": "latent", "accuracy": 0.25, "steps.mean": 3, "retention": None},
         {"name": "summary", "accuracy": None, "steps.mean": None, "retention": 0.5},
     ]
-    # dvc.api.exp_show's rows: a key two files share is a `file:key` column (here `n`, also `lr` of other.yaml)
-    fixed = {"rev": "abc1234", "typ": "branch_commit", "Created": "01:19 PM", "parent": None, "State": None,
-             "Executor": None}
-    exp = {**fixed, "Experiment": "e1", "latent.accuracy": 0.5, "metrics/eval.json:n": 4.0, "metrics/sft.json:n": 9.0,
-           "loss": 1.0, "gamma": 2.0, "params.yaml:lr": 0.1, "other.yaml:lr": 0.2, "data/x": "e19921"}
-    show = [{**fixed, "Experiment": None, "rev": "workspace", "typ": "baseline", "gamma": 1.0}, exp,
-            {**exp, "Experiment": "other"}]
-    assert dvc.comparison_rows(show, ["e1", "missing"], ["gamma", "lr", "other.yaml:lr"], "metrics/eval.json",
-                               ["latent.accuracy", "n"]) == [
-        {"experiment": "e1", "gamma": 2.0, "lr": 0.1, "other.yaml:lr": 0.2, "latent.accuracy": 0.5, "n": 4.0}]
 
 
 def test_offline_defaults_yield_to_the_environment_and_the_prefect_profile(tmp_path: Path,
