@@ -8,7 +8,8 @@
 An option is validated once, by its field's declaration here (type, range, choices) and `__post_init__`
 (checks between options), whether it comes from params.yaml or from a saved folder. Checks that need the
 model (layer range, vocabulary) are CodiModel's. A new option is added in params.yaml's `codi` section,
-here, and where it is used: codi/modeling/io.py saves and loads every field of CodiOptions.
+here, and where it is used: codi/modeling/io.py saves and loads every field of CodiOptions (a folder saved
+before the option existed needs the option's reference value among io.py's defaults for older formats).
 """
 
 from __future__ import annotations
