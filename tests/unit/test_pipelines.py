@@ -5,12 +5,10 @@ itself: tests/integration/test_pipelines_flows.py."""
 from __future__ import annotations
 
 import base64
-import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
