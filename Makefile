@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# No command of the project reaches the network by default (see README, "Offline by default").
+# No command of the project reaches the network by default (see docs/ORCHESTRATION.md, "Offline by default").
 export DVC_NO_ANALYTICS := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export WANDB_SILENT := true

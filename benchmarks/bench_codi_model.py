@@ -38,10 +38,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from codi.config import load_params  # noqa: E402
-from codi.modeling import CodiModel  # noqa: E402
 from codi.modeling.losses import token_ce  # noqa: E402
 from codi.modeling.plan import plan_example  # noqa: E402
-from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, tiny_base  # noqa: E402
+from tests.codi_oracle import TOKEN_IDS, codi_model, make_example, oracle_forward, tiny_base  # noqa: E402
 
 
 def _malloc_trim() -> None:
@@ -131,7 +130,7 @@ def dense_floor_fns(model, examples):
     """(teacher fwd+bwd, dense student fwd+bwd) callables for the `floor` columns (see module doc)."""
     plans = [plan_example(ex, e, TOKEN_IDS) for e, ex in enumerate(examples)]
     dev = model.device
-    block = model.latent_steps  # latent slots per block besides the fused markers
+    block = model.options.latent_steps  # latent slots per block besides the fused markers
     seqs = []
     for p in plans:
         toks = []
@@ -202,8 +201,7 @@ def main(argv=None):
         n_tok = sum(len(e["prompt_ids"]) + len(e["trace_ids"]) for e in examples) / len(examples)
         for ls in args.latent_steps:
             base = tiny_base(seed=args.seed, init=0.02, **shape).to(device=device, dtype=dtype)
-            model = CodiModel(base, TOKEN_IDS, latent_steps=ls, teacher_ce_weight=1.0, student_ce_weight=1.0,
-                              kd_weight=1.0, teacher_checkpointing=not args.no_teacher_checkpointing)
+            model = codi_model(base, TOKEN_IDS, ls, teacher_checkpointing=not args.no_teacher_checkpointing)
             fns = {"batched": lambda: model(examples)}
             if not args.no_oracle:
                 fns["oracle"] = lambda: oracle_forward(model, examples)

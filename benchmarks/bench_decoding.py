@@ -186,7 +186,7 @@ def load_models(args):
         frames = parse_trace(text)
         if entry_exit(frames) is not None:  # a truncated trace has no answer to score
             examples.append((ex["prompt_ids"], frames))
-    return sft, codi.model.eval(), codi.projector, codi.config.latent_steps, tok, examples
+    return sft, codi.model.eval(), codi.projector, codi.config.options.latent_steps, tok, examples
 
 
 def measure(mode, model, tok, prompts, truths, batch_size, **kw):

@@ -17,7 +17,7 @@ hard-coded below, no weights downloaded), with its embedding table sized as the 
 (codi.base_model.build_base: the Qwen2.5 tokenizer's 151,665 tokens + the 10 trace tokens fit inside
 config.json's padded 151,936 rows, which `init_new_token_rows` keeps: the trace tokens take padding rows, set
 to the mean of the known rows). It is wrapped
-exactly as the codi stage wraps it: `CodiModel.from_config(base, ids, params.codi, alpha, beta, gamma)`
+exactly as the codi stage wraps it: `CodiModel.from_config(base, ids, params.codi, params.loss_weights)`
 with the committed params.yaml (latent_steps, kd_layers, ...), only `codi.gradient_checkpointing` (the
 teacher's activation checkpointing; the student is never checkpointed, and the stage turns the Trainer's
 own `activation_checkpointing` off, so there is no other model checkpointing option) and the teacher mode
@@ -193,7 +193,7 @@ def run_config(name, base, ids, params, args, device, dtype, examples, warm, log
                               frozen_teacher="(copy of the base)" if frozen else "")
     teacher = copy.deepcopy(base).eval().requires_grad_(False) if frozen else None
     torch.manual_seed(params.codi.seed)  # the projector, as the stage seeds it
-    model = CodiModel.from_config(base, ids, cfg, params.alpha, params.beta, params.gamma, frozen_teacher=teacher)
+    model = CodiModel.from_config(base, ids, cfg, params.loss_weights, frozen_teacher=teacher)
     model.train()
     opt, max_norm = optimizer_for(cfg, model, args.optim, args.lr)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -348,7 +348,7 @@ def main(argv=None):
                     help=f"embedding rows ({PIPELINE_VOCAB} = the pipeline's Qwen2.5 table with the trace tokens)")
     ap.add_argument("--steps", type=int, default=1, help="measured steps per configuration")
     ap.add_argument("--configs", default="teacher_ckpt,no_teacher_ckpt", help=f"comma-separated, of {', '.join(CONFIGS)}")
-    ap.add_argument("--lr", type=float, default=1e-5, help="the README's GPU setting for the 0.5B (codi.lr)")
+    ap.add_argument("--lr", type=float, default=1e-5, help="docs/GPU.md's setting for the 0.5B (codi.lr)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--time-limit", type=float, default=0.0, help="stop a configuration's steps after this many s (0: none)")
     ap.add_argument("--report-updates", action="store_true", help="report the share of base weights the steps changed")

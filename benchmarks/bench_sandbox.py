@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from codi.config import TraceConfig  # noqa: E402
+from codi.schemas.extract import TraceConfig  # noqa: E402
 from codi.sources.base import Sample  # noqa: E402
 from codi.tracing.sandbox import TracerPool, trace_in_fresh_interpreter  # noqa: E402
 from codi.config import load_params

@@ -5,6 +5,8 @@
     python -m codi params                                                     # every key, its value and doc
 
 Arguments are paths only: every hyperparameter comes from params.yaml, so `dvc exp run -S` is the one override.
+The whole file is checked before any work; a stage then gets the sections its `run` declares (its params
+dataclass). An error a user can fix prints one line, `error: ...`, and exits 2.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import argparse
 import importlib
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codi.config import ConfigError, describe, flatten, load_params, to_dict
+from codi.config import UserError, describe, load_params, sections, to_dict
 
 # No command reaches the network unless asked to; a user's own setting wins.
 OFFLINE_ENV = {"DVC_NO_ANALYTICS": "1", "DVC_STUDIO_OFFLINE": "true", "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -91,20 +94,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params(args.params)
         if args.command == "params":
-            flat = flatten(to_dict(params))
-            for key, tp, doc in describe():
-                print(f"{key} = {flat[key]!r}  ({tp}) {doc}")
+            values = to_dict(params)
+            for key, tp, doc in describe(type(params)):
+                print(f"{key} = {_lookup(values, key)!r}  ({tp}) {doc}")
             return 0
         cmd = COMMANDS[args.command]
         module, _, function = cmd.target.partition(":")
+        run = getattr(importlib.import_module(module), function)
         kwargs = {k: v for k, v in vars(args).items() if k not in ("params", "command")}
         kwargs.update(cmd.fixed)
         if cmd.relaunchable:
             kwargs["argv"] = argv
-        return getattr(importlib.import_module(module), function)(params, **kwargs) or 0
-    except ConfigError as e:  # a bad params file, or a value that is only wrong in context (a missing model, ...)
+        return run(sections(params, typing.get_type_hints(run)["params"]), **kwargs) or 0
+    except (UserError, FileNotFoundError) as e:  # params, a dataset line, a file or folder: the user can fix it
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _lookup(values: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        values = values[part]
+    return values
 
 
 if __name__ == "__main__":

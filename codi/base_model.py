@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from codi.config import ConfigError, ModelConfig, TinyModelConfig
+from codi.config import ConfigError
+from codi.schemas.model import ModelConfig, TinyModelConfig
 from codi.tokens import EOS, PAD, TRACE_TOKENS, add_trace_tokens
 
 SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD, *TRACE_TOKENS)

@@ -2,7 +2,7 @@
 
     rows = usable_traces(trace_files, params.precompute, dropped)     # ok traces, parsed; the rest counted
     by_split = encode_rows(rows, tokenizer, params.precompute, dropped)   # {split: [cache rows]}
-    manifest = cache_manifest(by_split, shas, tokenizer, params, dropped)
+    manifest = cache_manifest(by_split, shas, tokenizer, params.precompute, params.model, dropped)
 
 Pure functions of their inputs (the precompute stage does the reading and writing).
 """
@@ -17,7 +17,9 @@ from typing import Any
 from tqdm import tqdm
 
 from codi.answers import render_direct
-from codi.config import ConfigError, Params, PrecomputeConfig, to_dict
+from codi.config import ConfigError, to_dict
+from codi.schemas.model import ModelConfig
+from codi.schemas.precompute import PrecomputeConfig
 from codi.data import CACHE_FORMAT_VERSION, SPLITS, split_of
 from codi.spans import encode_examples
 from codi.tokens import token_ids, tokenizer_sha256
@@ -105,15 +107,15 @@ def token_statistics(rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def cache_manifest(by_split: dict[str, list[dict[str, Any]]], shas: dict[str, str], tok, params: Params,
-                   dropped: dict[str, Counter]) -> dict[str, Any]:
+def cache_manifest(by_split: dict[str, list[dict[str, Any]]], shas: dict[str, str], tok, precompute: PrecomputeConfig,
+                   model: ModelConfig, dropped: dict[str, Counter]) -> dict[str, Any]:
     """What the training stages check and fingerprint: format version, tokenizer and split digests, counts,
     and the params that made the cache."""
     return {
         "format_version": CACHE_FORMAT_VERSION,
         "tokenizer_sha256": tokenizer_sha256(tok),
         "vocab_size": len(tok),
-        "params": {"precompute": to_dict(params.precompute), "model": to_dict(params.model)},
+        "params": {"precompute": to_dict(precompute), "model": to_dict(model)},
         "splits": {split: {"examples": len(rows), "problems": len({r["problem_id"] for r in rows}),
                            "by_source": dict(sorted(Counter(r["source"] for r in rows).items())),
                            "sha256": shas[split]} for split, rows in by_split.items()},

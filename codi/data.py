@@ -85,10 +85,10 @@ class CacheDataset:
     def __init__(self, path: str | Path, limit: int = 0):
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path}: no such cache split (run the precompute stage)")
+            raise ConfigError(f"{self.path}: no such cache split (run the precompute stage)")
         self.table = read_table(self.path)
         if self.table.schema.names != SCHEMA.names:
-            raise ValueError(f"{self.path}: cache columns {self.table.schema.names} do not match this version's "
+            raise ConfigError(f"{self.path}: cache columns {self.table.schema.names} do not match this version's "
                              f"{SCHEMA.names}: rerun the precompute stage")
         if limit:
             self.table = self.table.slice(0, min(limit, self.table.num_rows))
@@ -136,7 +136,10 @@ def check_tokenizer(tokenizer, cache_dir: str | Path, model_dir: str | Path) -> 
     from codi.tokens import tokenizer_sha256
 
     manifest = Path(cache_dir) / "manifest.json"
-    want = json.loads(manifest.read_text()).get("tokenizer_sha256")
+    try:
+        want = json.loads(manifest.read_text()).get("tokenizer_sha256")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{manifest}: cannot read the cache manifest ({e}): run the precompute stage") from None
     if tokenizer_sha256(tokenizer) != want:
         raise ConfigError(f"{model_dir}: its tokenizer is not the one that made {manifest} (sha256 differs): the "
                          "token ids would mean other tokens; rerun precompute, or train from its models/base")

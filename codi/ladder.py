@@ -12,7 +12,7 @@ A rung is a set of `params.yaml` overrides (dotted keys, as `dvc exp run -S` tak
 stays at the committed default, so a rung's row measures the task, not the recipe. `collect` reads each
 experiment's committed outputs from its git ref (refs/exps/...): the per-split evaluation
 (metrics/eval_by_split.json: chosen on val, reported on test) and the task's size (metrics/precompute.json).
-The rungs and what they measured: docs/LADDER.md.
+The rungs and what they measured: docs/RESULTS.md, "Research III".
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@
     digest = code_digest(files)                   # {"codi/stages/sft.py": sha256, ...}
 
 The closure follows every import statement of a file, function-local ones included (a superset of
-what one run executes, never less), except those under `if TYPE_CHECKING:`. dvc.yaml's code deps must cover it (tests/unit/test_dvc_deps.py)
-and a training run's checkpoint fingerprint holds its digest, so an edit reruns and retrains.
+what one run executes, never less), except those under `if TYPE_CHECKING:`. A module that imports plug-ins
+by name at run time says so with `PLUGIN_PACKAGE = "<package>"`: every module of that package is then in its
+closure (codi.sources.registry). dvc.yaml's code deps must cover it (tests/unit/test_dvc_deps.py) and a
+training run's checkpoint fingerprint holds its digest, so an edit reruns and retrains.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def _package_of(name: str, path: Path) -> str:
 def imported_modules(name: str, path: Path) -> set[str]:
     """Every module of the package that a statement of `path` (module `name`) imports, with its parents."""
     found: set[str] = set()
-    for node in _executed_nodes(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found.update(_plugin_modules(tree))
+    for node in _executed_nodes(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -56,6 +60,19 @@ def imported_modules(name: str, path: Path) -> set[str]:
         parts = mod.split(".")
         closed.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))  # a parent package runs first
     return {m for m in closed if module_file(m) is not None}
+
+
+def _plugin_modules(tree: ast.Module) -> set[str]:
+    """Every module of the package a top-level `PLUGIN_PACKAGE = "<package>"` names (none without one)."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PLUGIN_PACKAGE"
+                                                for t in node.targets):
+            package = ast.literal_eval(node.value)
+            init = module_file(package)
+            if init is None or init.name != "__init__.py":
+                raise ValueError(f"PLUGIN_PACKAGE = {package!r}: not a package of {PACKAGE}")
+            return {package} | {f"{package}.{p.stem}" for p in init.parent.glob("*.py") if p.name != "__init__.py"}
+    return set()
 
 
 def _executed_nodes(tree: ast.AST):

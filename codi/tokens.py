@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+
 TRACE_CONTEXT_START = "<|trace_context_start|>"
 FRAME_SEP = "<|frame_sep|>"
 CALL_SEP = "<|call_sep|>"
@@ -118,6 +119,9 @@ def load_tokenizer(path: str | Path):
     cache's ids."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
+    if not (Path(path) / "tokenizer.json").is_file():  # FileNotFoundError: the CLI prints it as one line; and
+        # not ConfigError: the sandbox worker imports this module without site-packages (no yaml)
+        raise FileNotFoundError(f"{path}: no tokenizer.json here: not a model folder this pipeline wrote")
     return TokenizersBackend.from_pretrained(str(path))
 
 

@@ -1,12 +1,14 @@
-"""DVC for the flows: the stage graph and experiment rows from DVC's Python API, `dvc repro` / `dvc exp run` as
-subprocesses with their output streamed, and the failure classification the flows retry on. No Prefect here.
+"""DVC for the flows, through DVC's Python API: the stages in the order `dvc repro` runs them, one stage
+reproduced (whether it ran is what `Repo.reproduce` returns), experiments and their rows, and the failure
+classification the flows retry on. No Prefect here.
 
     from pipelines.dvc import stage_order, run_stage
-    for stage in stage_order(repo):                  # dvc.yaml's stages, upstream first
-        run_stage(repo, stage, on_line=print)        # raises StageFailed(stage, exit_code, tail, transient)
+    for stage in stage_order(repo):                  # DVC's plan: upstream first
+        run_stage(repo, stage, on_line=print)        # StageRun(stage, "ran" | "skipped", seconds), or StageFailed
 
-Every DVC command runs through pipelines.process.run_streaming, in a process group of its own that is killed as
-a whole on every exit path (killing `dvc` alone leaves the stage command running), and waits for the repo lock.
+Every reproduction runs in a subprocess (`python -m pipelines.dvc repro ...`, or `dvc exp run`) through
+pipelines.process.run_streaming: its output is streamed, its process group is killed as a whole on every exit
+path (killing the DVC process alone leaves the stage command running), and it waits for the repo lock.
 """
 
 from __future__ import annotations
@@ -14,24 +16,24 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import re
 import signal
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 import yaml
 
 from codi.config import ConfigError, flatten
 from pipelines.process import LineCallback, ProcessTimeout, RunResult, last_lines, run_streaming
 
-__all__ = ["LineCallback", "ProcessTimeout", "RunResult", "StageFailed", "StageRun", "check", "comparison_rows",
-           "dvc_command", "exp_show", "expand_grid", "experiment_name", "format_value", "is_transient", "lookup",
-           "metric_keys", "run_dvc", "run_experiment", "run_stage", "stage_edges", "stage_exit_code", "stage_graph",
-           "stage_order", "subprocess_env"]
+__all__ = ["LineCallback", "ProcessTimeout", "RunResult", "StageFailed", "StageRun", "check", "dvc_command",
+           "expand_grid", "experiment_name", "experiment_row", "format_value", "is_transient", "lookup",
+           "run_experiment", "run_stage", "stage_exit_code", "stage_order", "subprocess_env"]
 
 # Output that marks a failure as transient: worth a retry after a delay. Matched case-insensitively. DVC's repo
 # lock is not here: every command waits for it (`dvc --wait-for-lock`).
@@ -99,11 +101,6 @@ def dvc_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
 
 
-def run_dvc(args: Sequence[str], repo: str | Path, on_line: LineCallback, timeout_s: float | None, what: str) -> RunResult:
-    """`dvc ARGS` in `repo` with the subprocess environment, streamed (see pipelines.process)."""
-    return run_streaming(dvc_command(*args), repo, on_line, timeout_s, env=subprocess_env(), what=what)
-
-
 # ---------------------------------------------------------------------------- classification
 def stage_exit_code(result: RunResult) -> int:
     """The stage command's own exit code (DVC reports "failed to run: CMD, exited with N", then exits 255),
@@ -133,75 +130,80 @@ def check(result: RunResult, name: str, kind: str = "stage") -> None:
         raise StageFailed(name, code, result.tail, is_transient(code, result.tail), kind)
 
 
-# ------------------------------------------------------------------------------------ the DAG
-def stage_graph(repo: str | Path) -> nx.DiGraph:
-    """The pipeline as DVC resolves it (deps matched to outs, foreach/matrix, templating, wdir, every dvc.yaml):
-    one node per stage with a command, named as `dvc repro` takes it (`name`, `sub/dvc.yaml:name`), in dvc.yaml
-    order; an edge runs from a stage to one that depends on it. Data sources (.dvc files) are left out.
-    A dvc.yaml that DVC refuses (syntax, a cycle, two stages writing one path) raises ConfigError."""
-    from dvc.exceptions import DvcException
+# ------------------------------------------------------------------------------- the stages
+def _open_repo(root: Path):
     from dvc.repo import Repo
-    from dvc.stage import PipelineStage
 
-    root = Path(repo).resolve()
-    try:
-        with Repo(str(root)) as dvc_repo:      # an explicit root: the API resolves paths against it, not the cwd
-            index = dvc_repo.index
-            stages = [s for s in index.stages if isinstance(s, PipelineStage) and s.cmd]
-            stages.sort(key=lambda s: s.path_in_repo != "dvc.yaml")    # the root dvc.yaml first, stable
-            name = {s: s.name if s.path_in_repo == "dvc.yaml" else f"{s.path_in_repo}:{s.name}" for s in stages}
-            graph = nx.DiGraph()
-            graph.add_nodes_from(name.values())
-            # DVC's edges point from a stage to the stage it depends on.
-            graph.add_edges_from((name[b], name[a]) for a, b in index.graph.edges if a in name and b in name)
-    except DvcException as e:
-        raise ConfigError(f"{root}: DVC cannot read the pipeline: {e}") from None
-    return graph
+    # An explicit root: the API resolves paths against it, not the cwd. _wait_for_lock is what `dvc
+    # --wait-for-lock` sets: another DVC process at work in the repo makes this one wait, not fail after 3 s.
+    return Repo(str(root), _wait_for_lock=True)
 
 
-def stage_edges(repo: str | Path) -> list[tuple[str, str]]:
-    """(upstream, downstream) for every dependency between two stages of the pipeline."""
-    return list(stage_graph(repo).edges)
+def _address(stage: Any) -> str:
+    """A stage as `dvc repro` takes it from the repo root: `name` (`name@item`), or `sub/dvc.yaml:name`."""
+    return stage.name if stage.path_in_repo == "dvc.yaml" else f"{stage.path_in_repo}:{stage.name}"
 
 
 def stage_order(repo: str | Path, on_line: LineCallback | None = None) -> list[str]:
-    """The stages of the repo's pipeline, each after everything it depends on; among stages that could run at
-    the same point, dvc.yaml's order (deterministic)."""
-    graph = stage_graph(repo)
-    rank = {n: i for i, n in enumerate(graph)}
-    order = list(nx.lexicographical_topological_sort(graph, key=rank.__getitem__))
+    """The stages with a command of every dvc.yaml of the repo, in the order `dvc repro` runs them (DVC's own
+    plan, upstream first: a forced dry run), named as `dvc repro` takes them (`name`, `name@item`,
+    `sub/dvc.yaml:name`). A dvc.yaml that DVC refuses (syntax, a cycle, two stages writing one path) raises
+    ConfigError."""
+    from dvc.exceptions import DvcException
+    from dvc.logger import set_loggers_level
+
+    root = Path(repo).resolve()
+    try:   # quiet: a dry run says "Running stage" for every stage
+        with set_loggers_level(logging.WARNING), _open_repo(root) as dvc_repo:
+            planned = dvc_repo.reproduce(all_pipelines=True, force=True, dry=True)
+    except DvcException as e:
+        raise ConfigError(f"{root}: DVC cannot read the pipeline: {e}") from None
+    order = [_address(stage) for stage in planned if getattr(stage, "cmd", None)]   # not data sources (.dvc)
     if on_line:
         on_line("stages in DAG order: " + " -> ".join(order))
     return order
 
 
-# ------------------------------------------------------------------------------------- stages
 @dataclasses.dataclass(frozen=True)
 class StageRun:
-    """One stage's `dvc repro`: what DVC did and how long it took. status: "ran" (the command ran),
-    "skipped" (up to date: "didn't change, skipping"), "restored" (outputs checked out from the run cache)."""
+    """One stage's reproduction: "ran" (DVC reproduced it: it ran its command, or restored its outputs from
+    the run cache) or "skipped" (up to date), and how long it took."""
 
     stage: str
     status: str
     seconds: float
 
-    @property
-    def ran(self) -> bool:
-        return self.status == "ran"
-
 
 def run_stage(repo: str | Path, stage: str, on_line: LineCallback, timeout_s: float | None = None) -> StageRun:
-    """`dvc repro --single-item STAGE` in `repo`: DVC decides whether it is stale. Raises StageFailed."""
-    result = run_dvc(["repro", "--single-item", stage], repo, on_line, timeout_s,
-                           what=f"stage '{stage}'")
-    check(result, stage)
-    status = "ran"
-    for line in result.tail:
-        if f"'{stage}' didn't change, skipping" in line:
-            status = "skipped"
-        elif f"'{stage}' is cached - skipping run" in line:
-            status = "restored"
-    return StageRun(stage, status, result.seconds)
+    """Reproduce STAGE alone in `repo` (`Repo.reproduce(stage, single_item=True)` in a subprocess): DVC decides
+    whether it is stale. Raises StageFailed."""
+    root = Path(repo).resolve()
+    with tempfile.TemporaryDirectory(prefix="pipelines-repro-") as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "pipelines.dvc", "repro", str(root), stage, str(result)]
+        run = run_streaming(cmd, root, on_line, timeout_s, env=subprocess_env(), what=f"stage '{stage}'")
+        check(run, stage)
+        ran = json.loads(result.read_text())["ran"]
+    return StageRun(stage, "ran" if ran else "skipped", run.seconds)
+
+
+def _repro_main(root: str, stage: str, result: str) -> int:
+    """`python -m pipelines.dvc repro ROOT STAGE RESULT_JSON`: run_stage's subprocess. Writes {"ran": bool}, the
+    stages `Repo.reproduce` returns; on failure prints DVC's error as `dvc repro` does and exits 255."""
+    from dvc.exceptions import DvcException
+
+    try:
+        with _open_repo(Path(root)) as dvc_repo:
+            done = dvc_repo.reproduce(stage, single_item=True)
+    except DvcException as e:
+        causes, err = [], e
+        while err is not None:
+            causes.append(str(err))
+            err = err.__cause__
+        print("ERROR: " + ": ".join(c for c in causes if c), file=sys.stderr, flush=True)
+        return 255
+    Path(result).write_text(json.dumps({"ran": any(_address(s) == stage for s in done)}))
+    return 0
 
 
 # -------------------------------------------------------------------------------- experiments
@@ -247,36 +249,10 @@ def run_experiment(repo: str | Path, overrides: Mapping[str, Any], name: str, on
     args = ["exp", "run", "--temp", "-n", name]
     for key, value in overrides.items():
         args += ["-S", f"{key}={format_value(value)}"]
-    result = run_dvc(args, repo, on_line, timeout_s, what=f"experiment '{name}'")
+    result = run_streaming(dvc_command(*args), repo, on_line, timeout_s, env=subprocess_env(),
+                           what=f"experiment '{name}'")
     check(result, name, kind="experiment")
     return result
-
-
-def exp_show(repo: str | Path) -> list[dict[str, Any]]:
-    """DVC's experiment rows (`dvc.api.exp_show`): one flat row per baseline and experiment of HEAD, with
-    "Experiment" (name), "rev", "typ", ..., then every metric, param and dep as a column (named `key`, or
-    `file:key` where two files share a key). DVC gives numbers as floats, other values as text, None if absent."""
-    import dvc.api
-    from dvc.exceptions import DvcException
-
-    root = Path(repo).resolve()
-    try:
-        return dvc.api.exp_show(repo=str(root))
-    except DvcException as e:
-        raise RuntimeError(f"{root}: DVC cannot list the experiments: {e}") from None
-
-
-def metric_keys(repo: str | Path, metrics_file: str, rev: str) -> list[str]:
-    """The flattened keys of `metrics_file` (relative to the repo root) at `rev` (an experiment's name);
-    [] if it has none there."""
-    import dvc.api
-    from dvc.exceptions import DvcException
-
-    try:
-        data = yaml.safe_load(dvc.api.read(metrics_file, repo=str(Path(repo).resolve()), rev=rev))
-    except (DvcException, OSError, yaml.YAMLError):
-        return []
-    return list(flatten(data)) if isinstance(data, dict) else []
 
 
 def lookup(data: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
@@ -292,26 +268,27 @@ def lookup(data: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     return cur
 
 
-def _column(row: Mapping[str, Any], file: str, key: str) -> Any:
-    """exp_show's value of `key` from `file`: its column is `file:key` where another file has the key too."""
-    return row.get(f"{file}:{key}", row.get(key))
+def experiment_row(repo: str | Path, name: str, param_keys: Sequence[str], metrics_file: str) -> dict[str, Any]:
+    """One experiment, its files read at its ref (`dvc.api.read`): name, the overridden params ("gamma" or
+    "file.yaml:key"), then the metrics of `metrics_file` only (not every metric and dep of the project)."""
+    import dvc.api
+    from dvc.exceptions import DvcException
+
+    def read(file: str) -> Any:
+        try:
+            return yaml.safe_load(dvc.api.read(file, repo=str(Path(repo).resolve()), rev=name))
+        except (DvcException, OSError, yaml.YAMLError):
+            return None
+
+    row: dict[str, Any] = {"experiment": name}
+    for key in param_keys:
+        file, _, dotted = key.rpartition(":") if ":" in key else ("params.yaml", "", key)
+        data = read(file)
+        row[key] = lookup(data, dotted) if isinstance(data, dict) else None
+    metrics = read(metrics_file)
+    row.update(flatten(metrics) if isinstance(metrics, dict) else {})
+    return row
 
 
-def comparison_rows(show: Sequence[Mapping[str, Any]], names: Sequence[str], param_keys: Sequence[str],
-                    metrics_file: str, keys: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per named experiment found in exp_show's rows, in the order of `names`: name, the overridden
-    params (as DVC recorded them; "gamma" or "file.yaml:key"), then the metrics `keys` of `metrics_file` only
-    (not every metric and dep of the project)."""
-    found = {row.get("Experiment"): row for row in show if row.get("Experiment") in names}
-    rows: list[dict[str, Any]] = []
-    for name in names:
-        if name not in found:
-            continue
-        data = found[name]
-        row: dict[str, Any] = {"experiment": name}
-        for key in param_keys:
-            file, _, dotted = key.rpartition(":") if ":" in key else ("params.yaml", "", key)
-            row[key] = _column(data, file, dotted)
-        row.update({k: _column(data, metrics_file, k) for k in keys})
-        rows.append(row)
-    return rows
+if __name__ == "__main__" and sys.argv[1:2] == ["repro"] and len(sys.argv) == 5:
+    sys.exit(_repro_main(*sys.argv[2:]))

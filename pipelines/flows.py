@@ -28,7 +28,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.runtime import flow_run as runtime_flow_run
 
-from codi.config import ConfigError, PipelineConfig, build, flatten, read_yaml
+from codi.config import ConfigError, build, flatten, read_yaml
+from codi.schemas.pipeline import PipelineConfig
 from pipelines import dvc
 
 EVAL_JSON = "metrics/eval.json"
@@ -249,18 +250,12 @@ def experiments(grid: dict[str, list[Any]], repo: str = ".", metrics_file: str =
         if not state.is_completed():
             exc = state.result(raise_on_failure=False)
             failed[name] = exc if isinstance(exc, BaseException) else RuntimeError(str(state.message))
-    keys: list[str] = []     # the metrics of metrics_file, in the order the experiments wrote them
-    for name in names:
-        if name not in failed:
-            keys += [k for k in dvc.metric_keys(root, metrics_file, name) if k not in keys]
-    show = dvc.comparison_rows(dvc.exp_show(root), names, list(grid), metrics_file, keys)
-    found = {r["experiment"]: r for r in show}
     rows = []
     for point, name in zip(points, names):
         exc = failed.get(name)
         status = "ok" if exc is None else (
             f"failed: exit code {exc.exit_code}" if isinstance(exc, dvc.StageFailed) else f"failed: {type(exc).__name__}")
-        row = found.get(name) or {"experiment": name, **point}
+        row = dvc.experiment_row(root, name, list(grid), metrics_file) if exc is None else {"experiment": name, **point}
         rows.append({"experiment": name, "status": status, **{k: v for k, v in row.items() if k != "experiment"}})
     rows = _same_columns(rows)
     create_table_artifact(key=ARTIFACT_EXPERIMENTS, table=rows,

@@ -12,6 +12,7 @@ kd_norm teacher_std (each layer's term / the std of the batch's teacher anchors)
 (a decoder reads a frame's latents + <|line_sep|> and writes its locals + <|action_sep|>). KD and
 reconstruction average over the examples that have a latent frame.
 `latent_block` is the lockstep decoder form of the training recurrence, for the consistency tests.
+`codi_model(base, ids, latent_steps, **options)` builds a CodiModel with the reference's options, some replaced.
 """
 
 from __future__ import annotations
@@ -25,8 +26,27 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from torch import nn
 
+from codi.config import build
+from codi.modeling import CodiModel, CodiOptions, LossWeights
 from codi.modeling.latent import PaddedRows, latent_recurrence
 from codi.tokens import TraceTokenIds
+
+# The reference design's options (CodiOptions has no defaults: params.yaml or a saved folder sets them).
+REFERENCE_OPTIONS = dict(kd_layers=None, kd_target="hidden", kd_temp=2.0, single_anchor=False, kd_norm="none",
+                         kd_positions="action_sep", recon_weight=0.0, recon_decoder="shared",
+                         latent_curriculum_frac=0.0, mix_explicit_prob=0.0)
+
+
+def codi_model(base, token_ids, latent_steps, *, frozen_teacher=None, teacher_checkpointing=True,
+               teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0, **options) -> CodiModel:
+    """A CodiModel with the reference's options, `options` replaced; they are checked as params.yaml's are
+    (ConfigError naming `codi.<key>`)."""
+    opts = build(CodiOptions, {**REFERENCE_OPTIONS, "latent_steps": latent_steps, **options}, prefix="codi.",
+                 source="test")
+    weights = build(LossWeights, dict(teacher_ce_weight=teacher_ce_weight, student_ce_weight=student_ce_weight,
+                                      kd_weight=kd_weight), prefix="", source="test")
+    return CodiModel(base, token_ids, opts, weights, frozen_teacher=frozen_teacher,
+                     teacher_checkpointing=teacher_checkpointing)
 
 
 def _uniform(rng):
@@ -36,8 +56,8 @@ def _uniform(rng):
 
 
 def _kd_layers(model):
-    layers = model.kd_layers_arg
-    if model.kd_target == "logit" or (model.frozen_teacher is not None and layers is None):
+    layers = model.options.kd_layers
+    if model.options.kd_target == "logit" or (model.frozen_teacher is not None and layers is None):
         layers = [-1]
     return layers
 
@@ -54,13 +74,13 @@ def _teacher(model, full, labels, kd_pos):
         if next(tch.parameters()).device != full.device:
             tch.to(full.device)
         with torch.no_grad():
-            if model.kd_target == "logit":
+            if model.options.kd_target == "logit":
                 return None, [tch(input_ids=full[None], use_cache=False).logits[0, pos]]
             hs = tch(input_ids=full[None], use_cache=False, output_hidden_states=True).hidden_states
             return None, [h[0, pos] for h in _select(hs, layers)]
     with torch.no_grad():
         hs = base(input_ids=full[None], use_cache=False, output_hidden_states=True).hidden_states
-        if model.kd_target == "logit":  # the extension: the shared teacher's own logits
+        if model.options.kd_target == "logit":  # the extension: the shared teacher's own logits
             kd = [head(hs[-1][0, pos])]
         else:
             kd = [h[0, pos] for h in _select(hs, layers)]
@@ -81,7 +101,7 @@ def _latent_block(model, cache, latents=None):
     o = body(inputs_embeds=emb(torch.tensor([[ids.latent_start]], device=dev)), cache=cache, use_cache=True)
     cache, h = o.cache, o.last_hidden_state[:, -1:]
     block = []
-    for _ in range(model.latent_steps):
+    for _ in range(model.options.latent_steps):
         x = model.projector(h)
         block.append(x[0, 0])
         o = body(inputs_embeds=x, cache=cache, use_cache=True)
@@ -95,7 +115,7 @@ def _latent_block(model, cache, latents=None):
 def _line_len(model, trace, j):
     """KD anchors of a latent frame whose <|action_sep|> is trace[j]: 1, or (action_line) the separator and
     the tokens of its line up to the next <|frame_sep|>."""
-    if model.kd_positions == "action_sep":
+    if model.options.kd_positions == "action_sep":
         return 1
     fs = model.token_ids.frame_sep
     rest = trace[j + 1:].tolist()
@@ -149,8 +169,8 @@ def _student(model, prompt, trace, spans, ss_prob, ss_rng, latents, kd_m):
 
 def _kd_loss(model, s_kd, t_kd, std):
     s, t = torch.stack(s_kd), torch.stack(t_kd).detach()  # [L, A, H] or (logit) [1, A, V]
-    if model.kd_target == "logit":
-        temp = model.kd_temp
+    if model.options.kd_target == "logit":
+        temp = model.options.kd_temp
         sl, tl = model.model.lm_head(s).flatten(0, -2) / temp, t.flatten(0, -2) / temp
         return F.kl_div(F.log_softmax(sl, -1), F.softmax(tl, -1), reduction="batchmean") * temp * temp
     if std is None:
@@ -188,13 +208,13 @@ def oracle_forward(model, examples, ss_prob=0.0, ss_rng=None, latent_share=1.0):
         t_ce, t_kd = _teacher(model, full, labels, kd_pos)
         latents = []
         s_ce, s_kd = _student(model, prompt, trace, spans, ss_prob, ss_rng, latents, list(ms))
-        if s_kd is not None and model.single_anchor:  # the last latent frame's anchors
+        if s_kd is not None and model.options.single_anchor:  # the last latent frame's anchors
             t_kd, s_kd = [t[-ms[-1]:] for t in t_kd], [s[-ms[-1]:] for s in s_kd]
         tl = tl + (t_ce if t_ce is not None else 0.0)
         sl = sl + s_ce
         per_ex.append((s_kd, t_kd, latents, spans, trace))
     std = None
-    if model.kd_norm == "teacher_std":  # the population: every kept teacher anchor of the batch, per layer
+    if model.options.kd_norm == "teacher_std":  # the population: every kept teacher anchor of the batch, per layer
         pop = [torch.stack(t) for s, t, *_ in per_ex if s is not None]  # [L, A_e, H]
         flat = torch.cat(pop, dim=1).detach().float()
         std = flat.reshape(flat.shape[0], -1).std(dim=1).clamp(min=1e-6)
@@ -203,15 +223,15 @@ def oracle_forward(model, examples, ss_prob=0.0, ss_rng=None, latent_share=1.0):
         if s_kd is None:
             continue
         kl = kl + _kd_loss(model, s_kd, t_kd, std)
-        if model.recon_weight > 0:
+        if model.options.recon_weight > 0:
             rl = rl + _recon(model, trace, spans, latents)
     n = len(examples)
     n_latent = max(1, sum(s is not None for s, *_ in per_ex))
     zero = torch.tensor(0.0, device=dev)
     kl = kl if torch.is_tensor(kl) else zero
     rl = rl if torch.is_tensor(rl) else zero
-    loss = (model.teacher_ce_weight * tl / n + model.student_ce_weight * sl / n + model.kd_weight * kl / n_latent
-            + (model.recon_weight * rl / n_latent if model.recon_weight > 0 else 0.0))
+    loss = (model.weights.teacher_ce_weight * tl / n + model.weights.student_ce_weight * sl / n + model.weights.kd_weight * kl / n_latent
+            + (model.options.recon_weight * rl / n_latent if model.options.recon_weight > 0 else 0.0))
     t_log = (tl / n).detach() if torch.is_tensor(tl) else torch.tensor(0.0, device=dev)
     return {"loss": loss, "teacher_loss": t_log, "student_loss": (sl / n).detach(),
             "kd_loss": (kl / n_latent).detach(), "recon_loss": (rl / n_latent).detach()}

@@ -47,7 +47,8 @@ def write_params(path: Path, params: dict) -> Path:
 
 
 def shipped(section: str, **overrides: Any) -> Any:
-    """A section of the shipped params.yaml as its config dataclass (`"extract.trace"`), fields replaced.
+    """A section of the shipped params.yaml as its config dataclass (`"extract.trace"`), fields replaced (a
+    mapping such as `"extract.paths"`: keys replaced).
 
     The config dataclasses have no defaults (params.yaml is the one place a value is set), so a test
     starts from the shipped values and names what it changes."""
@@ -58,4 +59,4 @@ def shipped(section: str, **overrides: Any) -> Any:
     cfg: Any = load_params(ROOT / "params.yaml")
     for part in section.split("."):
         cfg = getattr(cfg, part)
-    return dataclasses.replace(cfg, **overrides)
+    return {**cfg, **overrides} if isinstance(cfg, dict) else dataclasses.replace(cfg, **overrides)

@@ -2,17 +2,20 @@
 
     save_codi_model(model, tokenizer, "models/codi", extra={"step": 1200})
     loaded = load_codi_model("models/codi", device="cuda", dtype=torch.bfloat16)
-    loaded.model, loaded.projector, loaded.tokenizer, loaded.config.latent_steps
+    loaded.model, loaded.projector, loaded.tokenizer, loaded.config.options.latent_steps
 
 The folder holds the base model in HF format (`save_pretrained`, safetensors: a tied lm_head is
-stored once and re-tied on load), the tokenizer, `thought_projector.safetensors` and
-`codi_config.json` (latent_steps, KD settings, loss weights, the options beyond the reference, token ids, and
-the caller's `extra`). A config key this version does not know is refused: the model was trained with an
-option that the loader cannot honour. The auxiliary reconstruction decoder (recon_decoder copy) is not saved.
+stored once and re-tied on load), the tokenizer, `thought_projector.safetensors` and `codi_config.json`:
+every field of CodiOptions and LossWeights (codi/modeling/options.py) as a top-level key, the hidden size,
+whether a frozen teacher was used, the token ids and the caller's `extra`. Reading checks the options with
+the same declarations as params.yaml. A key this version does not know is refused: the model was trained
+with an option that the loader cannot honour. The auxiliary reconstruction decoder (recon_decoder copy) is
+not saved here (codi.training.codi_trainer adds it to checkpoints).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from codi.config import ConfigError, build
 from codi.files import write_json
+from codi.hf import load_causal_lm
 from codi.modeling.latent import build_projector
-from codi.modeling.model import KD_NORMS, KD_TARGETS, RECON_DECODERS, CodiModel
-from codi.modeling.plan import KD_POSITIONS
+from codi.modeling.model import CodiModel
+from codi.modeling.options import CodiOptions, LossWeights
 from codi.tokens import TraceTokenIds, load_tokenizer, token_ids
 
 CODI_CONFIG = "codi_config.json"
@@ -33,28 +38,19 @@ FORMAT_VERSION = 2
 # Version 1 folders predate these options: they were trained with the reference's behaviour.
 V1_DEFAULTS = {"kd_norm": "none", "kd_positions": "action_sep", "recon_weight": 0.0, "recon_decoder": "shared",
                "latent_curriculum_frac": 0.0, "mix_explicit_prob": 0.0}
+_OPTION_KEYS = tuple(f.name for f in dataclasses.fields(CodiOptions))
+_WEIGHT_KEYS = tuple(f.name for f in dataclasses.fields(LossWeights))
+_RECORD_KEYS = ("hidden_size", "frozen_teacher", "token_ids")  # and format_version, extra
 
 
 @dataclass(frozen=True)
-class CodiArtifactConfig:
+class SavedCodiConfig:
     """What `codi_config.json` records about a saved codi model."""
 
-    latent_steps: int
+    options: CodiOptions
+    weights: LossWeights
     hidden_size: int
-    kd_target: str
-    kd_layers: list[int] | None
-    kd_temp: float
-    single_anchor: bool
-    frozen_teacher: bool
-    teacher_ce_weight: float
-    student_ce_weight: float
-    kd_weight: float
-    kd_norm: str
-    kd_positions: str
-    recon_weight: float
-    recon_decoder: str
-    latent_curriculum_frac: float
-    mix_explicit_prob: float
+    frozen_teacher: bool          # trained against a frozen teacher (the teacher is not saved)
     token_ids: TraceTokenIds
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -66,13 +62,11 @@ class LoadedCodi:
     model: nn.Module
     projector: nn.Module
     tokenizer: Any
-    config: CodiArtifactConfig
+    config: SavedCodiConfig
 
 
-def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra: dict[str, Any] | None = None,
-                    curriculum: tuple[float, float] = (0.0, 0.0)) -> Path:
-    """Write `model` (base + projector), `tokenizer` and codi_config.json into `out_dir`; returns it.
-    `curriculum`: (latent_curriculum_frac, mix_explicit_prob) it was trained with (a schedule, not the model's)."""
+def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write `model` (base + projector), `tokenizer` and codi_config.json into `out_dir`; returns it."""
     if not isinstance(model, CodiModel):
         raise ValueError(f"save_codi_model: expected a CodiModel (unwrap DDP with .module), got {type(model).__name__}")
     extra = dict(extra or {})
@@ -89,80 +83,73 @@ def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra
     model.model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     save_file({k: v.detach().contiguous().cpu() for k, v in model.projector.state_dict().items()}, str(out / PROJECTOR_FILE))
-    cfg = {
-        "format_version": FORMAT_VERSION,
-        "latent_steps": model.latent_steps,
-        "hidden_size": model.model.config.get_text_config().hidden_size,
-        "kd_target": model.kd_target, "kd_layers": model.kd_layers_arg, "kd_temp": model.kd_temp,
-        "single_anchor": model.single_anchor, "frozen_teacher": model.frozen_teacher is not None,
-        "teacher_ce_weight": model.teacher_ce_weight, "student_ce_weight": model.student_ce_weight,
-        "kd_weight": model.kd_weight, "token_ids": model.token_ids.as_dict(), "extra": extra,
-        "kd_norm": model.kd_norm, "kd_positions": model.kd_positions, "recon_weight": model.recon_weight,
-        "recon_decoder": model.recon_decoder, "latent_curriculum_frac": float(curriculum[0]),
-        "mix_explicit_prob": float(curriculum[1]),
-    }
+    cfg = {"format_version": FORMAT_VERSION, **dataclasses.asdict(model.options), **dataclasses.asdict(model.weights),
+           "hidden_size": model.model.config.get_text_config().hidden_size,
+           "frozen_teacher": model.frozen_teacher is not None, "token_ids": model.token_ids.as_dict(), "extra": extra}
     write_json(out / CODI_CONFIG, cfg, sort_keys=True)  # written last: its presence marks a complete folder
     return out
 
 
-def read_codi_config(path: str | Path) -> CodiArtifactConfig:
-    """Parse and check `<path>/codi_config.json`; errors name the file and key."""
+def read_codi_config(path: str | Path) -> SavedCodiConfig:
+    """Parse and check `<path>/codi_config.json`; errors (ConfigError) name the file and key."""
     f = Path(path) / CODI_CONFIG
     try:
         raw = json.loads(f.read_text())
     except OSError as e:
-        raise ValueError(f"{f}: cannot read the codi config ({e.strerror}); is {path} a saved codi model?") from None
+        raise ConfigError(f"{f}: cannot read the codi config ({e.strerror}); is {path} a saved codi model?") from None
     except ValueError as e:
-        raise ValueError(f"{f}: invalid JSON: {e}") from None
+        raise ConfigError(f"{f}: invalid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{f}: expected a JSON object")
     version = raw.get("format_version")
     if version not in (1, FORMAT_VERSION):
-        raise ValueError(f"{f}: format_version = {version!r}: expected {FORMAT_VERSION} (or 1)")
+        raise ConfigError(f"{f}: format_version = {version!r}: expected {FORMAT_VERSION} (or 1)")
     if version == 1:
         raw = {**V1_DEFAULTS, **raw}
-    names = [n for n in CodiArtifactConfig.__dataclass_fields__ if n != "extra"]
-    missing = [n for n in names if n not in raw]
-    if missing:
-        raise ValueError(f"{f}: missing key {missing[0]}")
-    unknown = sorted(set(raw) - set(names) - {"format_version", "extra"})
+    unknown = sorted(set(raw) - {*_OPTION_KEYS, *_WEIGHT_KEYS, *_RECORD_KEYS, "format_version", "extra"})
     if unknown:
-        raise ValueError(f"{f}: unknown option {unknown[0]!r}: the model was trained with an option this version "
-                         "does not know; load it with the codi-trace version that wrote it")
-    for key, allowed in (("kd_target", KD_TARGETS), ("kd_norm", KD_NORMS), ("kd_positions", KD_POSITIONS),
-                         ("recon_decoder", RECON_DECODERS)):
-        if raw[key] not in allowed:
-            raise ValueError(f"{f}: {key} = {raw[key]!r}: this version knows {', '.join(allowed)}")
+        raise ConfigError(f"{f}: unknown option {unknown[0]!r}: the model was trained with an option this version "
+                          "does not know; load it with the codi-trace version that wrote it")
+    missing = [n for n in (*_OPTION_KEYS, *_WEIGHT_KEYS, *_RECORD_KEYS) if n not in raw]
+    if missing:
+        raise ConfigError(f"{f}: missing key {missing[0]}")
+    options = build(CodiOptions, {k: raw[k] for k in _OPTION_KEYS}, prefix="", source=str(f))
+    weights = build(LossWeights, {k: raw[k] for k in _WEIGHT_KEYS}, prefix="", source=str(f))
+    hidden, frozen = raw["hidden_size"], raw["frozen_teacher"]
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1 or not isinstance(frozen, bool):
+        raise ConfigError(f"{f}: hidden_size = {hidden!r}, frozen_teacher = {frozen!r}: expected an integer >= 1 "
+                          "and true or false")
     try:
         ids = TraceTokenIds(**raw["token_ids"])
     except TypeError as e:
-        raise ValueError(f"{f}: token_ids: {e}") from None
-    return CodiArtifactConfig(**{n: raw[n] for n in names if n != "token_ids"}, token_ids=ids,
-                              extra=raw.get("extra", {}))
+        raise ConfigError(f"{f}: token_ids: {e}") from None
+    return SavedCodiConfig(options=options, weights=weights, hidden_size=hidden, frozen_teacher=frozen, token_ids=ids,
+                           extra=raw.get("extra", {}))
 
 
 def load_codi_model(path: str | Path, device: str | torch.device | None = None,
                     dtype: torch.dtype | None = None) -> LoadedCodi:
     """Load a folder written by `save_codi_model`. dtype None keeps the saved dtype; device None = CPU."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     cfg = read_codi_config(path)
     tok = load_tokenizer(path)
     if token_ids(tok) != cfg.token_ids:
-        raise ValueError(f"{path / CODI_CONFIG}: token_ids differ from the saved tokenizer's")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else "auto")
+        raise ConfigError(f"{path / CODI_CONFIG}: token_ids differ from the saved tokenizer's")
+    model = load_causal_lm(path, dtype if dtype is not None else "auto")
     if device is not None:
         model.to(device)
     model.eval()
     ref = model.get_input_embeddings().weight
     if model.config.get_text_config().hidden_size != cfg.hidden_size:
-        raise ValueError(f"{path / CODI_CONFIG}: hidden_size = {cfg.hidden_size}, but the model has "
+        raise ConfigError(f"{path / CODI_CONFIG}: hidden_size = {cfg.hidden_size}, but the model has "
                          f"{model.config.get_text_config().hidden_size}")
     projector = build_projector(cfg.hidden_size, dtype=ref.dtype, device=ref.device)
     try:
         state = load_file(str(path / PROJECTOR_FILE))
     except OSError as e:
-        raise ValueError(f"{path / PROJECTOR_FILE}: cannot read the projector: {e}") from None
+        raise ConfigError(f"{path / PROJECTOR_FILE}: cannot read the projector: {e}") from None
     projector.load_state_dict({k: v.to(dtype=ref.dtype) for k, v in state.items()})
     projector.eval()
     return LoadedCodi(model=model, projector=projector, tokenizer=tok, config=cfg)

@@ -1,7 +1,6 @@
 """CodiModel: the reference stage-2b design, batched in lockstep (frame k of every example together).
 
-    model = CodiModel.from_config(base, token_ids(tok), params.codi, params.alpha, params.beta, params.gamma,
-                                  frozen_teacher=None)
+    model = CodiModel(base, token_ids(tok), params.codi.options, params.loss_weights)   # codi.modeling.options
     out = model(examples, ss_prob=ss_ramp(...), ss_rng=rng, latent_share=latent_share(...))
     out["loss"].backward()        # out also holds teacher_loss, student_loss, kd_loss, recon_loss (detached)
 
@@ -13,26 +12,24 @@ Equal to the per-example oracle (tests/unit/test_modeling_equivalence.py). Desig
 from __future__ import annotations
 
 import copy
-import math
 import random
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from codi.config import CodiConfig
 from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence
 from codi.modeling.losses import (kd_hidden_per_example, kd_logit_per_example, per_example_mean, teacher_std,
                                   token_ce)
-from codi.modeling.plan import KD_POSITIONS, ExamplePlan, draw_uniform, plan_example
+from codi.modeling.options import CodiOptions, LossWeights
+from codi.modeling.plan import ExamplePlan, draw_uniform, plan_example
 from codi.tokens import TraceTokenIds
 
-KD_TARGETS = ("hidden", "logit")
-KD_NORMS = ("none", "teacher_std")
-RECON_DECODERS = ("shared", "copy")
+if TYPE_CHECKING:  # an annotation only: evaluate loads codi models without the training schema
+    from codi.schemas.codi import CodiConfig
 
 
 def split_causal_lm(model: nn.Module, what: str) -> tuple[nn.Module, nn.Module, int]:
@@ -77,49 +74,23 @@ def activation_checkpointing(module: nn.Module, enabled: bool) -> Iterator[None]
 class CodiModel(nn.Module):
     """Shared-weight (or frozen) teacher + latent student over one base causal LM (docs/ARCHITECTURE.md, "CodiModel")."""
 
-    def __init__(self, base: nn.Module, token_ids: TraceTokenIds, *, latent_steps: int,
-                 teacher_ce_weight: float, student_ce_weight: float, kd_weight: float,
-                 kd_layers: Sequence[int] | None = None, single_anchor: bool = False,
-                 frozen_teacher: nn.Module | None = None, kd_target: str = "hidden", kd_temp: float = 2.0,
-                 teacher_checkpointing: bool = True, kd_norm: str = "none", kd_positions: str = "action_sep",
-                 recon_weight: float = 0.0, recon_decoder: str = "shared"):
+    def __init__(self, base: nn.Module, token_ids: TraceTokenIds, options: CodiOptions, weights: LossWeights, *,
+                 frozen_teacher: nn.Module | None = None, teacher_checkpointing: bool = True):
+        """`options` and `weights` are checked where they are parsed (codi.modeling.options); this checks what
+        needs the models: the trace token ids against the vocabulary, kd_layers against the layers, and a
+        frozen teacher's sizes. ValueError names the key."""
         super().__init__()
         body, head, n_states = split_causal_lm(base, "base")
         if not isinstance(token_ids, TraceTokenIds):
             raise ValueError(f"token_ids: expected a TraceTokenIds, got {type(token_ids).__name__}")
-        if isinstance(latent_steps, bool) or not isinstance(latent_steps, int) or latent_steps < 0:
-            raise ValueError(f"codi.latent_steps = {latent_steps!r}: expected an integer >= 0")
-        for name, key, v in (("teacher_ce_weight", "alpha", teacher_ce_weight),
-                             ("student_ce_weight", "beta", student_ce_weight), ("kd_weight", "gamma", kd_weight)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{key} ({name}) = {v!r}: expected a finite number >= 0")
-        if kd_target not in KD_TARGETS:
-            raise ValueError(f"codi.kd_target = {kd_target!r}: expected one of {', '.join(KD_TARGETS)}")
-        if isinstance(kd_temp, bool) or not isinstance(kd_temp, (int, float)) or not kd_temp > 0 or not math.isfinite(kd_temp):
-            raise ValueError(f"codi.kd_temp = {kd_temp!r}: expected a finite number > 0")
-        if not isinstance(single_anchor, bool):
-            raise ValueError(f"codi.single_anchor = {single_anchor!r}: expected true or false")
-        if kd_norm not in KD_NORMS:
-            raise ValueError(f"codi.kd_norm = {kd_norm!r}: expected one of {', '.join(KD_NORMS)}")
-        if kd_norm == "teacher_std" and kd_target != "hidden":
-            raise ValueError("codi.kd_norm = 'teacher_std' normalises hidden-state KD; kd_target is "
-                             f"{kd_target!r} (use kd_norm none)")
-        if kd_positions not in KD_POSITIONS:
-            raise ValueError(f"codi.kd_positions = {kd_positions!r}: expected one of {', '.join(KD_POSITIONS)}")
-        if isinstance(recon_weight, bool) or not isinstance(recon_weight, (int, float)) \
-                or not math.isfinite(recon_weight) or recon_weight < 0:
-            raise ValueError(f"codi.recon_weight = {recon_weight!r}: expected a finite number >= 0")
-        if recon_decoder not in RECON_DECODERS:
-            raise ValueError(f"codi.recon_decoder = {recon_decoder!r}: expected one of {', '.join(RECON_DECODERS)}")
-        if recon_weight > 0 and latent_steps == 0:
-            raise ValueError("codi.recon_weight > 0 reconstructs each frame's locals from its latents, but "
-                             "codi.latent_steps = 0 makes no latents")
+        options = CodiOptions.of(options)  # the options alone, also when given a whole CodiConfig
         vocab = base.get_input_embeddings().weight.shape[0]
         for name, tid in token_ids.as_dict().items():
             if not 0 <= tid < vocab:
                 raise ValueError(f"token_ids.{name} = {tid}: outside the base's embedding table ({vocab} rows); "
                                  "resize the embeddings after add_trace_tokens")
 
+        kd_target, kd_layers = options.kd_target, options.kd_layers
         t_states = n_states
         if frozen_teacher is not None:
             _, t_head, t_states = split_causal_lm(frozen_teacher, "codi.frozen_teacher")
@@ -128,9 +99,6 @@ class CodiModel(nn.Module):
             if kd_target == "logit" and t_head.weight.shape[0] != head.weight.shape[0]:
                 raise ValueError("codi.frozen_teacher: logit KD needs the teacher's vocabulary size to equal the base's")
         if kd_layers is not None:
-            kd_layers = list(kd_layers)
-            if not kd_layers or any(isinstance(x, bool) or not isinstance(x, int) for x in kd_layers):
-                raise ValueError(f"codi.kd_layers = {kd_layers!r}: expected a non-empty list of integers or null")
             for x in kd_layers:
                 for states, who in ((n_states, "the base"), (t_states, "the frozen teacher")):
                     if not -states <= x < states:
@@ -149,19 +117,14 @@ class CodiModel(nn.Module):
         h = base.config.get_text_config().hidden_size
         ref = base.get_input_embeddings().weight
         self.projector = build_projector(h, dtype=ref.dtype, device=ref.device)
-        if latent_steps == 0:
+        if options.latent_steps == 0:
             self.projector.requires_grad_(False)
         self.token_ids = token_ids
-        self.latent_steps = latent_steps
-        self.teacher_ce_weight, self.student_ce_weight, self.kd_weight = (
-            float(teacher_ce_weight), float(student_ce_weight), float(kd_weight))
-        self.kd_layers_arg = None if kd_layers is None else list(kd_layers)
-        self.kd_target, self.kd_temp, self.single_anchor = kd_target, float(kd_temp), single_anchor
-        self.kd_norm, self.kd_positions = kd_norm, kd_positions
-        self.recon_weight, self.recon_decoder = float(recon_weight), recon_decoder
+        self.options, self.weights = options, weights
         # The auxiliary reconstruction decoder (SIM-CoT): a copy of the starting model, trained with the rest
         # (a submodule: optimizer, DDP, checkpoints) and never saved into the final model folder.
-        self.recon_model = copy.deepcopy(base) if recon_weight > 0 and recon_decoder == "copy" else None
+        self.recon_model = (copy.deepcopy(base) if options.recon_weight > 0 and options.recon_decoder == "copy"
+                            else None)
         # Recompute the teacher's layers in backward (memory of one layer instead of all); the
         # student keeps its KV cache either way. codi.gradient_checkpointing.
         self.teacher_checkpointing = bool(teacher_checkpointing)
@@ -176,18 +139,15 @@ class CodiModel(nn.Module):
 
     # ------------------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, base: nn.Module, token_ids: TraceTokenIds, cfg: CodiConfig, alpha: float, beta: float,
-                    gamma: float, frozen_teacher: nn.Module | None = None) -> "CodiModel":
-        """Build from the `codi` params section and the top-level loss weights alpha, beta, gamma."""
+    def from_config(cls, base: nn.Module, token_ids: TraceTokenIds, cfg: CodiConfig, weights: LossWeights,
+                    frozen_teacher: nn.Module | None = None) -> "CodiModel":
+        """Build from the `codi` params section (its options and gradient_checkpointing) and the loss weights."""
         if bool(cfg.frozen_teacher) != (frozen_teacher is not None):
             raise ValueError(f"codi.frozen_teacher = {cfg.frozen_teacher!r}: pass the loaded teacher model exactly "
                              "when this path is set" if cfg.frozen_teacher else
                              "codi.frozen_teacher = '': a frozen teacher model was passed but the config names none")
-        return cls(base, token_ids, latent_steps=cfg.latent_steps, teacher_ce_weight=alpha, student_ce_weight=beta,
-                   kd_weight=gamma, kd_layers=cfg.kd_layers, single_anchor=cfg.single_anchor,
-                   frozen_teacher=frozen_teacher, kd_target=cfg.kd_target, kd_temp=cfg.kd_temp,
-                   teacher_checkpointing=cfg.gradient_checkpointing, kd_norm=cfg.kd_norm,
-                   kd_positions=cfg.kd_positions, recon_weight=cfg.recon_weight, recon_decoder=cfg.recon_decoder)
+        return cls(base, token_ids, cfg.options, weights, frozen_teacher=frozen_teacher,
+                   teacher_checkpointing=cfg.gradient_checkpointing)
 
     @property
     def frozen_teacher(self) -> nn.Module | None:
@@ -220,7 +180,7 @@ class CodiModel(nn.Module):
             raise ValueError(f"ss_prob = {ss_prob!r}: expected a probability in [0, 1]")
         if ss_prob > 0 and ss_rng is None:
             raise ValueError("ss_rng: scheduled sampling (ss_prob > 0) needs an explicit random.Random or torch.Generator")
-        plans = [plan_example(ex, e, self.token_ids, latent_share, self.kd_positions) for e, ex in enumerate(examples)]
+        plans = [plan_example(ex, e, self.token_ids, latent_share, self.options.kd_positions) for e, ex in enumerate(examples)]
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
@@ -228,7 +188,7 @@ class CodiModel(nn.Module):
         s_ce, s_kd, latents = self._student(plans, flags)
 
         counts = [p.n_anchors for p in plans]
-        if self.single_anchor:  # keep each example's last latent frame's anchors only
+        if self.options.single_anchor:  # keep each example's last latent frame's anchors only
             keep, start = [], 0
             for p in plans:
                 if p.n_spans:
@@ -241,21 +201,22 @@ class CodiModel(nn.Module):
         anchor_ex = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(counts, device=dev))
         if not sum(counts):  # no latent frame in the batch (latent curriculum at its start)
             kd = torch.zeros(n, device=dev)
-        elif self.kd_target == "logit":  # s_kd: student last hidden [A, 1, H]; t_kd: teacher logits [A, 1, V]
-            kd = kd_logit_per_example(self.head(s_kd[:, 0]), t_kd[:, 0], self.kd_temp, anchor_ex, n)
+        elif self.options.kd_target == "logit":  # s_kd: student last hidden [A, 1, H]; t_kd: teacher logits [A, 1, V]
+            kd = kd_logit_per_example(self.head(s_kd[:, 0]), t_kd[:, 0], self.options.kd_temp, anchor_ex, n)
         else:
             kd = kd_hidden_per_example(s_kd, t_kd, anchor_ex, n,
-                                       scale=teacher_std(t_kd) if self.kd_norm == "teacher_std" else None)
+                                       scale=teacher_std(t_kd) if self.options.kd_norm == "teacher_std" else None)
 
         zero = torch.zeros((), device=dev)
         has_latent = torch.tensor([p.n_spans > 0 for p in plans], device=dev)
         n_latent = has_latent.sum().clamp(min=1)
         t_loss = t_ce.mean() if t_ce is not None else zero
         s_loss, kd_loss = s_ce.mean(), kd.sum() / n_latent
-        recon_loss = self._recon(plans, latents).sum() / n_latent if self.recon_weight > 0 else zero
-        loss = self.teacher_ce_weight * t_loss + self.student_ce_weight * s_loss + self.kd_weight * kd_loss
-        if self.recon_weight > 0:
-            loss = loss + self.recon_weight * recon_loss
+        recon_loss = self._recon(plans, latents).sum() / n_latent if self.options.recon_weight > 0 else zero
+        w = self.weights
+        loss = w.teacher_ce_weight * t_loss + w.student_ce_weight * s_loss + w.kd_weight * kd_loss
+        if self.options.recon_weight > 0:
+            loss = loss + self.options.recon_weight * recon_loss
         return {"loss": loss, "teacher_loss": t_loss.detach(), "student_loss": s_loss.detach(),
                 "kd_loss": kd_loss.detach(), "recon_loss": recon_loss.detach()}
 
@@ -286,7 +247,7 @@ class CodiModel(nn.Module):
             with torch.no_grad():
                 out = t_body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                              output_hidden_states=self._requested(self.teacher_layers, t_states))
-                if self.kd_target == "logit":
+                if self.options.kd_target == "logit":
                     return None, t_head(out.last_hidden_state.flatten(0, 1)[anchors])[:, None]
                 return None, self._gather_layers(out, self.teacher_layers, t_states, anchors)
 
@@ -300,7 +261,7 @@ class CodiModel(nn.Module):
         tgt = ids.flatten()[idx + 1]
         ex = torch.tensor([e for e, _ in rows], device=dev)
         ce = per_example_mean(token_ce(flat[idx], self.head, tgt), ex, n)
-        if self.kd_target == "logit":  # extension: shared teacher's own logits, detached
+        if self.options.kd_target == "logit":  # extension: shared teacher's own logits, detached
             return ce, self.head(flat[anchors]).detach()[:, None]
         return ce, self._gather_layers(out, self.teacher_layers, self.n_states, anchors).detach()
 
@@ -345,11 +306,11 @@ class CodiModel(nn.Module):
                 act = torch.zeros(n, dtype=torch.bool)
                 act[active] = True
                 act = act.to(dev)
-                fuse = 1 if k > 0 and self.latent_steps > 0 else 0  # slot 0 holds the round's last latent
+                fuse = 1 if k > 0 and self.options.latent_steps > 0 else 0  # slot 0 holds the round's last latent
                 rows.compact()
-                inputs: list[torch.Tensor] | None = [] if self.recon_weight > 0 else None
+                inputs: list[torch.Tensor] | None = [] if self.options.recon_weight > 0 else None
                 if fuse:
-                    h = latent_recurrence(rows, self.projector, h, self.latent_steps - 1, act, inputs)
+                    h = latent_recurrence(rows, self.projector, h, self.options.latent_steps - 1, act, inputs)
                     fused = torch.where(act[:, None], latent_input(self.projector, h), zero)  # idle rows: zero input
                     if inputs is not None:
                         block = torch.stack(inputs + [fused], dim=1)  # [n, latent_steps, H]
@@ -405,7 +366,7 @@ class CodiModel(nn.Module):
         ([S, W, H] input embeddings of the decoder), each row's targets (the locals and `<|action_sep|>`, read at
         slots latent_steps .. latent_steps + len - 1), and the (example, span) of each row."""
         keys = sorted(latents)
-        dev, steps = self.device, self.latent_steps
+        dev, steps = self.device, self.options.latent_steps
         emb = self.recon_lm.get_input_embeddings()
         targets = []
         for e, s in keys:
@@ -432,7 +393,7 @@ class CodiModel(nn.Module):
         pos = torch.arange(width, device=dev).expand(len(keys), width)
         with activation_checkpointing(self.recon_lm, False):
             hidden = body(inputs_embeds=inputs, position_ids=pos, use_cache=False).last_hidden_state  # [S, W, H]
-        steps = self.latent_steps
+        steps = self.options.latent_steps
         idx = torch.tensor([r * width + steps + q for r, t in enumerate(targets) for q in range(len(t))],
                            dtype=torch.long, device=dev)
         tgt = torch.tensor([x for t in targets for x in t], dtype=torch.long, device=dev)
@@ -445,17 +406,17 @@ class CodiModel(nn.Module):
         true trace), the reconstruction decoder's greedy locals from the frame's latents alone, against the
         truth. Returns (predicted, truth) per frame: the truth ends with `<|action_sep|>`, the prediction at its
         first `<|action_sep|>` or at the truth's length."""
-        if self.recon_weight <= 0:
+        if self.options.recon_weight <= 0:
             raise ValueError("reconstruct: the model trains no reconstruction decoder (codi.recon_weight = 0)")
         was = self.training
         self.eval()
         try:
-            plans = [plan_example(ex, e, self.token_ids, 1.0, self.kd_positions) for e, ex in enumerate(examples)]
+            plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions) for e, ex in enumerate(examples)]
             _, _, latents = self._student(plans, [[False] * p.n_spans for p in plans])
             inputs, targets, _ = self.recon_inputs(plans, latents)
             body, head, _ = split_causal_lm(self.recon_lm, "codi recon decoder")
             emb = self.recon_lm.get_input_embeddings()
-            steps, dev = self.latent_steps, self.device
+            steps, dev = self.options.latent_steps, self.device
             seq = inputs[:, :steps + 1]  # latents and <|line_sep|>; then greedy, one token per call
             preds: list[list[int]] = [[] for _ in targets]
             done = [False] * len(targets)

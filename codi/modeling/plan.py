@@ -17,7 +17,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import torch
 
@@ -107,9 +107,6 @@ def check_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds) -> tupl
     return prompt, trace, tuple(spans)
 
 
-KD_POSITIONS = ("action_sep", "action_line")
-
-
 def line_length(trace: Sequence[int], j: int, ids: TraceTokenIds) -> int:
     """Tokens from a LINE frame's `<|action_sep|>` at j up to (not including) its `<|frame_sep|>`: the
     separator and its source line (to the trace's end if no `<|frame_sep|>` follows)."""
@@ -120,12 +117,10 @@ def line_length(trace: Sequence[int], j: int, ids: TraceTokenIds) -> int:
 
 
 def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_share: float = 1.0,
-                 kd_positions: str = "action_sep") -> ExamplePlan:
+                 kd_positions: Literal["action_sep", "action_line"] = "action_sep") -> ExamplePlan:
     """Check an example and lay out its student rounds (see the module docstring): the first
-    latent_frames(len(spans), latent_share) LINE frames are latent; KD anchors at kd_positions."""
+    latent_frames(len(spans), latent_share) LINE frames are latent; KD anchors at kd_positions (CodiOptions)."""
     prompt, trace, all_spans = check_example(ex, index, ids)
-    if kd_positions not in KD_POSITIONS:
-        raise ValueError(f"codi.kd_positions = {kd_positions!r}: expected one of {', '.join(KD_POSITIONS)}")
     spans = all_spans[:latent_frames(len(all_spans), latent_share)]
     ls, le = ids.latent_start, ids.latent_end
     n = len(spans)

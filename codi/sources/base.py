@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from codi.config import UserError
 
-class DatasetError(ValueError):
+
+class DatasetError(UserError):
     """A malformed dataset line or file; the message names the file, the line and the field."""
 
 

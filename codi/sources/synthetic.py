@@ -7,7 +7,7 @@
 Difficulty d draws from the templates of level <= d (codi.sources.synthetic_templates), or `templates` names
 them. Every call is run here (trusted code, plain `exec`) under a counting tracer before it is kept, and its
 repr is `expected`; a call with an integer outside `value_range` is drawn again. The same seed gives
-byte-identical programs. The task ladder's rungs are sets of these knobs: docs/LADDER.md.
+byte-identical programs. The task ladder's rungs are sets of these knobs: docs/RESULTS.md, "Research III".
 
     $ python -m codi.sources.synthetic 5 2      # print 5 programs of difficulty 2 (params.yaml's other knobs)
 """
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from codi.config import ConfigError, SyntheticConfig
+from codi.config import ConfigError
+from codi.schemas.extract import SyntheticConfig
 from codi.sources.base import Sample, normalize_program
 from codi.sources.synthetic_templates import TEMPLATES, Draft, Gen, Template
 

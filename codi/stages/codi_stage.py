@@ -7,29 +7,39 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from codi.config import ConfigError, Params, to_dict
+from codi.config import ConfigError, to_dict
 from codi.data import check_tokenizer
 from codi.device import resolve_precision, set_threads
 from codi.files import write_json
+from codi.hf import load_causal_lm
 from codi.launch import maybe_relaunch
-from codi.modeling import CodiModel, save_codi_model
+from codi.modeling import CodiModel
+from codi.schemas.codi import CodiConfig, TopLevelWeights
+from codi.schemas.wandb import WandbConfig
 from codi.tokens import load_tokenizer, token_ids
 from codi.training.checkpoints import run_fingerprint
+from codi.training.codi_trainer import CodiTrainer, collate_examples, sub_losses
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import codi_summary, recon_probe, save_loss_png
-from codi.training.codi_trainer import CodiTrainer, collate_examples, sub_losses
-from codi.training.tracking import experiment_name
 
 
-def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, metrics: Path, plots: Path,
+@dataclass(frozen=True)
+class CodiParams(TopLevelWeights):
+    """What this stage reads from params.yaml: alpha, beta, gamma, `codi` and `wandb`."""
+
+    codi: CodiConfig
+    wandb: WandbConfig
+
+
+def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path, metrics: Path, plots: Path,
         live: Path, argv: list[str]) -> int:
     cfg = params.codi
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
     import torch
-    from transformers import AutoModelForCausalLM
 
     if not (sft / "config.json").is_file():
         raise ConfigError(f"{sft}: no model here (run the sft stage first)")
@@ -42,31 +52,24 @@ def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, me
     tok = load_tokenizer(sft)
     check_tokenizer(tok, cache, sft)
     dtype = torch.bfloat16 if resolve_precision(cfg.precision)["bf16"] else torch.float32
-    base = AutoModelForCausalLM.from_pretrained(sft, dtype=dtype)
-    teacher = AutoModelForCausalLM.from_pretrained(teacher_path, dtype=dtype) if teacher_path else None
+    base = load_causal_lm(sft, dtype)
+    teacher = load_causal_lm(teacher_path, dtype) if teacher_path else None
     torch.manual_seed(cfg.seed)  # the projector's initialisation: a rerun (or a resume) starts from the same one
     try:
-        model = CodiModel.from_config(base, token_ids(tok), cfg, params.alpha, params.beta, params.gamma,
-                                      frozen_teacher=teacher)
+        model = CodiModel.from_config(base, token_ids(tok), cfg, params.loss_weights, frozen_teacher=teacher)
     except ValueError as e:  # a value valid alone but not for this model (kd_layers out of range, ...)
         raise ConfigError(str(e)) from None
     logged = {"codi": to_dict(cfg), "alpha": params.alpha, "beta": params.beta, "gamma": params.gamma}
-
-    def save(trainer, folder: Path) -> None:
-        save_codi_model(trainer.accelerator.unwrap_model(trainer.model), tok, folder,
-                        extra={"step": trainer.state.global_step, "experiment": experiment_name(), "params": logged},
-                        curriculum=(cfg.latent_curriculum_frac, cfg.mix_explicit_prob))
 
     k_acc = min(cfg.val_accuracy_samples, len(val_ds))
     job = TrainingJob(
         stage="codi", cfg=cfg, logged=logged, trainer_cls=CodiTrainer,
         trainer_kwargs=dict(model=model, train_dataset=train_ds, eval_dataset=val_ds if len(val_ds) else None,
                             data_collator=collate_examples, processing_class=tok, codi_cfg=cfg,
-                            val_answers=val_ds.column("answer")[:k_acc]),
+                            val_answers=val_ds.column("answer")[:k_acc], record=logged),
         fingerprint=run_fingerprint("codi", __name__, to_dict(cfg), cache / "manifest.json",
                                     {"start_model": sft, "frozen_teacher": teacher_path},
                                     weights=[params.alpha, params.beta, params.gamma]),
-        save=save,
         # The teacher's activation checkpointing is CodiModel's own; the Trainer's flag would call
         # gradient_checkpointing_enable on a module that is not a PreTrainedModel.
         # DDP must expect parameters without a gradient when there are steps without latents: latent_steps 0
@@ -77,11 +80,11 @@ def run(params: Params, cache: Path, sft: Path, out: Path, checkpoints: Path, me
     if not done.is_main:
         return 0
 
-    summary = codi_summary(done.history, steps=done.trainer.state.global_step, seconds=done.seconds,
-                           examples_per_step=cfg.batch_size * cfg.grad_accum * done.trainer.args.world_size,
+    summary = codi_summary(done.history, steps=done.steps, seconds=done.seconds,
+                           examples_per_step=cfg.batch_size * cfg.grad_accum * done.world_size,
                            steps_this_session=done.steps_this_session)
     if cfg.recon_weight > 0 and len(val_ds):  # what the latents hold: locals decoded back from them (held out)
-        summary.update(recon_probe(done.trainer.accelerator.unwrap_model(done.trainer.model), val_ds, cfg.eval_batch_size))
+        summary.update(recon_probe(done.model, val_ds, cfg.eval_batch_size))
     write_json(metrics, summary)
     save_loss_png(done.history, ("loss", *sub_losses(cfg), "eval_loss", "eval_student_loss"), plots / "loss.png",
                   "codi: loss and sub-losses")

@@ -10,20 +10,30 @@ the sft_direct baseline writes only the answer. Scores: codi.metrics; reports: c
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codi.config import ConfigError, Params
+from codi.config import ConfigError
 from codi.data import CacheDataset, check_tokenizer
 from codi.decoding import iter_decode, program_action_lines, true_action_lines
 from codi.device import set_threads
 from codi.files import write_json, write_text
+from codi.hf import load_causal_lm
 from codi.metrics import Bootstrap, latent_diagnostics, per_difficulty, score_example, summarize
 from codi.report import compact, markdown_report, split_summaries, write_plots, write_predictions
+from codi.schemas.evaluate import EvaluateConfig
 from codi.tokens import load_tokenizer
 from codi.tracing.format import parse_trace
 
 MODE_MODEL = {"explicit": "sft", "latent": "codi", "direct": "sft_direct"}
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    """What this stage reads from params.yaml (the codi model's options come from its folder)."""
+
+    evaluate: EvaluateConfig
 
 
 def load_examples(cache_dir: Path, splits: list[str], limit: int) -> list[dict[str, Any]]:
@@ -44,7 +54,6 @@ def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path):
     """(model, tokenizer, projector, latent_steps) for a mode; a missing folder, or a tokenizer that did not
     make the cache, is a clear error."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     path = paths[MODE_MODEL[mode]]
     if not (path / "config.json").is_file():
@@ -53,13 +62,13 @@ def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path):
         from codi.modeling import load_codi_model
         loaded = load_codi_model(path, dtype=torch.float32)
         check_tokenizer(loaded.tokenizer, cache_dir, path)
-        return loaded.model, loaded.tokenizer, loaded.projector, loaded.config.latent_steps
+        return loaded.model, loaded.tokenizer, loaded.projector, loaded.config.options.latent_steps
     tok = load_tokenizer(path)
     check_tokenizer(tok, cache_dir, path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), tok, None, 0
+    return load_causal_lm(path, torch.float32).eval(), tok, None, 0
 
 
-def run(params: Params, cache: Path, sft: Path, codi: Path, direct: Path, metrics: Path, predictions: Path,
+def run(params: EvaluateParams, cache: Path, sft: Path, codi: Path, direct: Path, metrics: Path, predictions: Path,
         plots: Path) -> int:
     cache_dir, metrics_dir = cache, metrics
     cfg = params.evaluate

@@ -6,21 +6,23 @@
 `extract.executor: dask` traces in shards on a Dask cluster (codi/tracing/cluster.py); the files are
 byte-identical to the local executor's.
 
-A hostile or broken program is a status row, never a dead stage. Dataset files live under data/raw/ (a DVC
-dependency of this stage), so an edit to one reruns extract and what it feeds.
+A hostile or broken program is a status row, never a dead stage. Every local dataset file (`extract.paths`)
+lives under data/raw/ (a DVC dependency of this stage), so an edit to one reruns extract and what it feeds.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from codi.config import ConfigError, ExtractConfig, Params
+from codi.config import ConfigError
 from codi.files import write_json
+from codi.schemas.extract import ExtractConfig
 from codi.sources.base import Sample
 from codi.sources.registry import load_samples
 from codi.traces import write_traces
@@ -29,7 +31,13 @@ from codi.tracing.format import render_trace
 from codi.tracing.sandbox import TraceResult
 
 RAW_DIR = Path("data/raw")    # the stage's DVC dependency for dataset files (relative to the repo root)
-FILE_SOURCES = ("mbpp", "pyx", "cruxeval")
+
+
+@dataclass(frozen=True)
+class ExtractParams:
+    """What this stage reads from params.yaml."""
+
+    extract: ExtractConfig
 
 
 def trace_row(sample: Sample, result: TraceResult) -> dict[str, Any]:
@@ -48,7 +56,7 @@ def trace_row(sample: Sample, result: TraceResult) -> dict[str, Any]:
 def check_tracked_paths(cfg: ExtractConfig, raw_dir: Path = RAW_DIR) -> None:
     """Every local dataset file the stage reads must lie under `raw_dir`, which DVC tracks as a dependency."""
     for source in cfg.sources:
-        path = getattr(cfg.paths, source) if source in FILE_SOURCES else ""
+        path = cfg.paths.get(source, "")
         if path and not path.startswith("hf:") and not Path(path).resolve().is_relative_to(raw_dir.resolve()):
             raise ConfigError(f"extract.paths.{source} = {path!r}: outside {raw_dir}/, so DVC would not rerun extract "
                               f"when it changes; put the file under {raw_dir}/ (copy it there, or `dvc add` it) and "
@@ -88,7 +96,7 @@ def summary_line(source: str, st: dict, seconds: float, times: list[tuple[float,
             + (f"\n  slowest: {slowest}" if slowest else ""))
 
 
-def run(params: Params, out: Path, metrics: Path) -> int:
+def run(params: ExtractParams, out: Path, metrics: Path) -> int:
     cfg = params.extract
     check_tracked_paths(cfg)
     # Load every source first: a malformed dataset fails before minutes of tracing.
@@ -112,7 +120,7 @@ def run(params: Params, out: Path, metrics: Path) -> int:
     return 0
 
 
-def trace_file(params: Params, source: str, path: str | None, out: Path) -> int:
+def trace_file(params: ExtractParams, source: str, path: str | None, out: Path) -> int:
     """Trace one dataset file outside the pipeline, with the extract stage's code and limits."""
     cfg = params.extract
     load = load_samples(source, cfg, path=path)

@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from codi.base_model import build_base, check_model_source, save_base
 from codi.cache_build import cache_manifest, cache_metrics, encode_rows, summary_line, usable_traces
-from codi.config import ConfigError, Params
+from codi.config import ConfigError
 from codi.data import write_split
 from codi.files import atomic_dir, write_json
+from codi.schemas.model import ModelConfig
+from codi.schemas.precompute import PrecomputeConfig
 
 
-def run(params: Params, traces: Path, cache: Path, base_out: Path, metrics: Path) -> int:
+@dataclass(frozen=True)
+class PrecomputeParams:
+    """What this stage reads from params.yaml."""
+
+    precompute: PrecomputeConfig
+    model: ModelConfig
+
+
+def run(params: PrecomputeParams, traces: Path, cache: Path, base_out: Path, metrics: Path) -> int:
     t0 = time.time()
     check_model_source(params.model)  # before any work: bad path / offline hub id
     files = sorted(traces.glob("*.parquet"))
@@ -37,7 +48,7 @@ def run(params: Params, traces: Path, cache: Path, base_out: Path, metrics: Path
 
     cache.mkdir(parents=True, exist_ok=True)
     shas = {split: write_split(split_rows, cache / f"{split}.arrow") for split, split_rows in by_split.items()}
-    manifest = cache_manifest(by_split, shas, tok, params, dropped)
+    manifest = cache_manifest(by_split, shas, tok, params.precompute, params.model, dropped)
     write_json(cache / "manifest.json", manifest)
     write_json(metrics, cache_metrics(manifest))
     with atomic_dir(base_out) as tmp:

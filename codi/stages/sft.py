@@ -6,14 +6,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from codi.batching import CausalLMCollator
-from codi.config import ConfigError, Params, SftConfig, to_dict
+from codi.config import ConfigError, to_dict
 from codi.data import check_tokenizer
 from codi.device import set_threads
 from codi.files import write_json
+from codi.hf import load_causal_lm
 from codi.launch import maybe_relaunch
+from codi.schemas.model import ModelConfig
+from codi.schemas.train import SftConfig, TrainConfig
+from codi.schemas.wandb import WandbConfig
 from codi.tokens import load_tokenizer, token_ids
 from codi.training.checkpoints import run_fingerprint
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
@@ -23,13 +28,22 @@ from codi.training.grouped import LengthGroupedTrainer
 TARGET = {"sft": "trace", "sft_direct": "answer"}  # what the loss covers after the prompt
 
 
-def run(params: Params, stage: str, cache: Path, base: Path, out: Path, checkpoints: Path, metrics: Path,
+@dataclass(frozen=True)
+class SftParams:
+    """What these stages read from params.yaml: their own section, `model` (logged) and `wandb`."""
+
+    sft: SftConfig
+    sft_direct: TrainConfig
+    model: ModelConfig
+    wandb: WandbConfig
+
+
+def run(params: SftParams, stage: str, cache: Path, base: Path, out: Path, checkpoints: Path, metrics: Path,
         plots: Path, live: Path, argv: list[str]) -> int:
     cfg = getattr(params, stage)
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
     import torch
-    from transformers import AutoModelForCausalLM
 
     if not (base / "config.json").is_file():
         raise ConfigError(f"{base}: no model here (run the precompute stage first)")
@@ -37,10 +51,7 @@ def run(params: Params, stage: str, cache: Path, base: Path, out: Path, checkpoi
     train_ds, val_ds = training_splits(cache)
     tok = load_tokenizer(base)
     check_tokenizer(tok, cache, base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-
-    def save(trainer, folder: Path) -> None:
-        trainer.save_model(str(folder))
+    model = load_causal_lm(base, torch.float32)
 
     job = TrainingJob(
         stage=stage, cfg=cfg, logged={stage: to_dict(cfg), "model": to_dict(params.model)},
@@ -51,7 +62,7 @@ def run(params: Params, stage: str, cache: Path, base: Path, out: Path, checkpoi
                             processing_class=tok,
                             group_by_length=cfg.group_by_length),
         fingerprint=run_fingerprint(stage, __name__, to_dict(cfg), cache / "manifest.json", {"start_model": base}),
-        save=save, args_extra={"include_num_input_tokens_seen": "non_padding"})
+        args_extra={"include_num_input_tokens_seen": "non_padding"})
     done = train(job, StagePaths(out=out, checkpoints=checkpoints, live=live), params.wandb)
     if not done.is_main:
         return 0
@@ -59,10 +70,9 @@ def run(params: Params, stage: str, cache: Path, base: Path, out: Path, checkpoi
     key = f"{TARGET[stage]}_ids"
     unigram = (unigram_loss((ex[key] for ex in train_ds), (ex[key] for ex in val_ds), len(tok))
                if len(val_ds) else None)
-    state = done.trainer.state
-    summary = sft_summary(done.history, steps=state.global_step, examples=len(train_ds), seconds=done.seconds,
+    summary = sft_summary(done.history, steps=done.steps, examples=len(train_ds), seconds=done.seconds,
                           tokens=done.tokens_this_session, unigram=unigram,
-                          best_val_loss=state.best_metric if cfg.keep == "best" else None)
+                          best_val_loss=done.best_metric if cfg.keep == "best" else None)
     write_json(metrics, summary)
     save_loss_png(done.history, ("loss", "eval_loss"), plots / "loss.png", f"{stage}: train and validation loss")
     print(f"{stage}: {summary['steps']} steps in {summary['train_runtime_s']}s ({summary['tokens_per_s']} tokens/s); "

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from distributed import Client, LocalCluster, WorkerPlugin, as_completed, get_worker
 
-from codi.config import DaskConfig, ExtractConfig, SandboxConfig, TraceConfig
+from codi.schemas.extract import DaskConfig, ExtractConfig, SandboxConfig, TraceConfig
 from codi.sources.base import Sample
 from codi.tracing.sandbox import TracerPool, TraceResult
 

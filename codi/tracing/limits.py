@@ -27,7 +27,7 @@ from codi.linux import (PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_P
                         prctl)
 
 if TYPE_CHECKING:  # the worker gets the fields as a namespace: it does not import codi.config (yaml)
-    from codi.config import SandboxConfig
+    from codi.schemas.extract import SandboxConfig
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND = 32, 4096

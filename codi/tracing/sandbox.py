@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
 import codi
-from codi.config import SandboxConfig, TraceConfig
+from codi.schemas.extract import SandboxConfig, TraceConfig
 from codi.sources.base import Sample
 from codi.tokens import contains_special
 from codi.tracing import limits
@@ -109,7 +109,7 @@ def candidate_modes(mode: Mode) -> list[str]:
 
 
 def describe(mode: str, uids: tuple[int, int] | None, sandbox: SandboxConfig, cgroup: bool = False) -> str:
-    """One line: the isolation in use (quoted by the README and printed by the extract stage)."""
+    """One line: the isolation in use (printed by the extract stage)."""
     lim = (f"rlimits (CPU {sandbox.cpu_time_s} s, +{sandbox.memory_mb} MB address space, files "
            f"{sandbox.max_file_mb} MB, {sandbox.max_processes} processes, no core), "
            + (f"memory cgroup ({sandbox.memory_mb} MB for all of a sample's processes), " if cgroup else "")

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from codi.config import TrainConfig
+from codi.schemas.train import TrainConfig
 from codi.device import resolve_optimizer, resolve_precision, use_cuda
 
 

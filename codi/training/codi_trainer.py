@@ -1,7 +1,9 @@
 """CodiTrainer: the HF Trainer of the codi stage, and the pieces it shares with tests (collation, ss draws).
 
     CodiTrainer(model=CodiModel(...), args=..., data_collator=collate_examples, codi_cfg=params.codi,
-                val_answers=[...], ...)
+                val_answers=[...], record={"codi": ..., "alpha": ...}, ...)
+
+It is the one writer of codi model folders (codi.modeling.io): checkpoints and the final model alike.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from typing import Any
 import torch
 
 from codi.answers import answers_match
-from codi.config import CodiConfig
+from codi.schemas.codi import CodiConfig
 from codi.decoding import iter_decode
-from codi.modeling import save_codi_model, ss_ramp
+from codi.modeling import CodiOptions, save_codi_model, ss_ramp
 from codi.modeling.io import PROJECTOR_FILE
 from codi.modeling.plan import latent_share
 from codi.training.grouped import LengthGroupedTrainer
@@ -27,9 +29,11 @@ SUB_LOSSES = ("teacher_loss", "student_loss", "kd_loss")
 RECON_LOSS = "recon_loss"  # a sub-loss only when codi.recon_weight > 0
 
 
-def sub_losses(cfg: CodiConfig) -> tuple[str, ...]:
+def sub_losses(cfg: CodiOptions) -> tuple[str, ...]:
     """The sub-losses a run logs: the reference's three, and the reconstruction's when it is on."""
     return SUB_LOSSES + ((RECON_LOSS,) if cfg.recon_weight > 0 else ())
+
+
 RECON_FILE = "recon_decoder.safetensors"  # checkpoints only: the auxiliary decoder (recon_decoder copy)
 
 
@@ -93,12 +97,16 @@ class CodiTrainer(LengthGroupedTrainer):
     - logging: the sub-losses averaged over each logging window, the current ss probability and latent share;
     - evaluation: the losses on the val split (sharded over ranks) and the latent decoder's output accuracy
       on the first `codi.val_accuracy_samples` val examples;
-    - checkpoints hold base + projector (loadable with `load_codi_model`) + optimizer, scheduler, RNG."""
+    - folders: the final model (`save_final`) is a codi model folder (`load_codi_model`); a checkpoint is the
+      same folder plus the reconstruction decoder, optimizer, scheduler and RNG states. Both record the step,
+      the experiment and `record` (the params the run was trained with) in codi_config.json's `extra`."""
 
-    def __init__(self, *args: Any, codi_cfg: CodiConfig, val_answers: list[str], **kwargs: Any):
+    def __init__(self, *args: Any, codi_cfg: CodiConfig, val_answers: list[str], record: dict[str, Any],
+                 **kwargs: Any):
         super().__init__(*args, group_by_length=codi_cfg.group_by_length, **kwargs)
         self.codi_cfg = codi_cfg
         self.val_answers = val_answers
+        self.record = record
         self._window: dict[str, list[float]] = defaultdict(list)
         self._micro = (-1, 0)  # (step, micro-batch index within it)
 
@@ -177,20 +185,22 @@ class CodiTrainer(LengthGroupedTrainer):
         frame_sep = core.token_ids.frame_sep
         results = iter_decode(
             "latent", core.model, self.processing_class, [e["prompt_ids"] for e in exs], projector=core.projector,
-            latent_steps=core.latent_steps, batch_size=self.args.per_device_eval_batch_size,
+            latent_steps=core.options.latent_steps, batch_size=self.args.per_device_eval_batch_size,
             max_new_tokens=max(len(e["trace_ids"]) for e in exs) + 64,
             max_frames=max(e["trace_ids"].count(frame_sep) for e in exs) + 8)
         return sum(answers_match(r.answer, truth) for r, truth in zip(results, self.val_answers)) / k
+
+    def save_final(self, folder: str | Path) -> None:
+        """A codi model folder of the model as it is now (the final model; the core of a checkpoint)."""
+        save_codi_model(self.accelerator.unwrap_model(self.model), self.processing_class, folder,
+                        extra={"step": self.state.global_step, "experiment": experiment_name(), "params": self.record})
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         if not self.args.should_save:
             return
         output_dir = output_dir or self.args.output_dir
-        core = self.accelerator.unwrap_model(self.model)
-        save_codi_model(core, self.processing_class, output_dir,
-                        extra={"step": self.state.global_step, "experiment": experiment_name()},
-                        curriculum=(self.codi_cfg.latent_curriculum_frac, self.codi_cfg.mix_explicit_prob))
-        save_recon_decoder(core, output_dir)
+        self.save_final(output_dir)
+        save_recon_decoder(self.accelerator.unwrap_model(self.model), output_dir)  # what a resume needs besides
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:

@@ -10,6 +10,7 @@ plain CE, so val losses compare across weightings.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,10 @@ class LengthGroupedTrainer(Trainer):
     def __init__(self, *args: Any, group_by_length: bool, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.group_by_length = group_by_length
+
+    def save_final(self, folder: str | Path) -> None:
+        """The stage's final model folder (codi.training.loop): HF format, as a checkpoint holds it."""
+        self.save_model(str(folder))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         weights = inputs.pop("loss_weights", None)

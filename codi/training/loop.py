@@ -1,23 +1,27 @@
 """The shared body of a training stage: arguments, resume, tracking, train, and the final model saved atomically.
 
     job = TrainingJob(stage="sft", cfg=params.sft, logged={"sft": to_dict(params.sft)}, trainer_cls=LengthGroupedTrainer,
-                      trainer_kwargs={"model": model, "train_dataset": train, ...}, fingerprint=fp, save=save_hf)
+                      trainer_kwargs={"model": model, "train_dataset": train, ...}, fingerprint=fp)
     done = train(job, StagePaths(out=..., checkpoints=..., live=...), params.wandb)   # TrainingRun
+
+The trainer writes its model folders, checkpoints (`_save`) and the final model (`save_final`) alike; the
+stage gets a TrainingRun, not the trainer.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from codi.config import ConfigError, TrainConfig, WandbConfig
+from codi.config import ConfigError
 from codi.data import CacheDataset
 from codi.files import atomic_dir
+from codi.schemas.train import TrainConfig
+from codi.schemas.wandb import WandbConfig
 from codi.training.args import training_arguments
 from codi.training.checkpoints import CheckpointDir, checkpoint_step
 from codi.training.tracking import LiveMetrics, experiment_name, finish_wandb, setup_wandb
@@ -39,37 +43,26 @@ class TrainingJob:
     stage: str
     cfg: TrainConfig
     logged: dict[str, Any]                 # the params the stage read: the wandb run's config
-    trainer_cls: type
+    trainer_cls: type                      # a Trainer with save_final(folder): the stage's model folder
     trainer_kwargs: dict[str, Any]         # model, datasets, collator, tokenizer, and the trainer's own options
     fingerprint: dict[str, Any]            # what decides the result (codi.training.checkpoints.run_fingerprint)
-    save: Callable[[Any, Path], None]      # (trainer, folder) -> writes the final model into the folder
     args_extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingRun:
-    """A finished training: the trainer (state, log history), and what this session (since a resume) did."""
+    """A finished training, as the stage needs it; `is_main` False on the other ranks of a DDP run."""
 
-    trainer: Any
+    is_main: bool
+    model: Any                             # the trained model, unwrapped (DDP)
+    steps: int                             # optimizer steps in all, resumed ones included
+    world_size: int                        # processes that trained together
+    history: list[dict[str, Any]]          # the Trainer's log history (losses, eval metrics)
+    best_metric: float | None              # the lowest validation loss (keep: best)
     seconds: float
-    session: "SessionStart"
+    steps_this_session: int                # since the resume, if any
+    tokens_this_session: int
     wandb_dir: str | None
-
-    @property
-    def steps_this_session(self) -> int:
-        return self.trainer.state.global_step - self.session.step
-
-    @property
-    def tokens_this_session(self) -> int:
-        return self.trainer.state.num_input_tokens_seen - self.session.tokens
-
-    @property
-    def is_main(self) -> bool:
-        return self.trainer.is_world_process_zero()
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        return self.trainer.state.log_history
 
 
 class SessionStart(TrainerCallback):
@@ -105,7 +98,13 @@ def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> Traini
     t0 = time.time()
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.time() - t0
-    if trainer.is_world_process_zero():
+    is_main = trainer.is_world_process_zero()
+    if is_main:
         with atomic_dir(paths.out) as tmp:
-            job.save(trainer, tmp)
-    return TrainingRun(trainer, seconds, session, finish_wandb(args.report_to))
+            trainer.save_final(tmp)
+    state = trainer.state
+    return TrainingRun(is_main=is_main, model=trainer.accelerator.unwrap_model(trainer.model), steps=state.global_step,
+                       world_size=trainer.args.world_size, history=state.log_history, best_metric=state.best_metric,
+                       seconds=seconds, steps_this_session=state.global_step - session.step,
+                       tokens_this_session=state.num_input_tokens_seen - session.tokens,
+                       wandb_dir=finish_wandb(args.report_to))

@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers.integrations import DVCLiveCallback
 
-from codi.config import WandbConfig
+from codi.schemas.wandb import WandbConfig
 
 
 def experiment_name() -> str:

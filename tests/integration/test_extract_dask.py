@@ -18,7 +18,6 @@ from codi.stages.extract import trace_row
 from codi.tracing.cluster import DaskTracer, open_tracer, shard_bounds
 from tests.integration.test_stages_tiny import cli
 from tests.tiny import ROOT, shipped, tiny_params, write_params
-from tests.unit.test_pipelines import prefect_server  # noqa: F401
 
 FIXTURES = ROOT / "tests/fixtures/sources"
 
@@ -109,7 +108,7 @@ def test_a_shard_that_cannot_finish_stops_the_stage_with_its_samples_named():
 
 
 @pytest.mark.slow
-def test_the_prefect_flow_runs_extract_on_dask_and_dvc_sees_the_same_traces(tmp_path, prefect_server):  # noqa: F811
+def test_the_prefect_flow_runs_extract_on_dask_and_dvc_sees_the_same_traces(tmp_path, prefect_server):
     """The pipeline flow with `extract.executor: dask`: extract reruns (its params changed) on a LocalCluster,
     writes the same traces (dvc.lock's hash of data/traces is unchanged), so every later stage is skipped."""
     import yaml

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pipelines import dvc
-from tests.unit.test_pipelines import DAG_STAGES, artifacts_of, make_project, prefect_server  # noqa: F401
+from tests.dvc_projects import DAG_STAGES, artifacts_of, make_project
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def test_a_held_repo_lock_is_waited_for(tmp_path: Path) -> None:
     holder.join()
 
 
-def test_flow_waits_for_the_lock_without_a_retry(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+def test_flow_waits_for_the_lock_without_a_retry(prefect_server: str, tmp_path: Path) -> None:
     from pipelines.flows import pipeline
 
     root = make_project(tmp_path / "p", {"extract": DAG_STAGES["extract"]})
@@ -70,7 +70,7 @@ def test_a_path_busy_in_another_dvc_process_is_transient(tmp_path: Path) -> None
         _stop(other)
 
 
-def test_dvc_decides_what_reruns(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+def test_dvc_decides_what_reruns(prefect_server: str, tmp_path: Path) -> None:
     from pipelines.flows import pipeline
 
     root = make_project(tmp_path / "p", DAG_STAGES)
@@ -83,7 +83,7 @@ def test_dvc_decides_what_reruns(prefect_server: str, tmp_path: Path) -> None:  
     assert summary["eval"]["latent"]["accuracy"] == 0.75
 
 
-def test_a_failed_experiment_keeps_the_others(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+def test_a_failed_experiment_keeps_the_others(prefect_server: str, tmp_path: Path) -> None:
     from pipelines.flows import ARTIFACT_EXPERIMENTS, experiments
 
     stages = {"prepare": DAG_STAGES["extract"], "evaluate": {**DAG_STAGES["evaluate"], "deps": ["data/traces.txt"]}}
@@ -121,7 +121,7 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 
 
 
 def test_served_deployment_runs_on_a_real_server(tmp_path: Path) -> None:
-    """What README's steps do: server, serve, `prefect deployment ls`, a triggered run that completes."""
+    """What docs/ORCHESTRATION.md's steps do: server, serve, `prefect deployment ls`, a triggered run that completes."""
     root = make_project(tmp_path / "p", DAG_STAGES)
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"

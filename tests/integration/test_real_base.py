@@ -391,7 +391,7 @@ def test_pipeline_codi_model_loads_and_decodes(pipeline, which):
     lines = [program_action_lines(tok, program) for program in ds.column("program")[:n]]
     for mode in ("latent", "explicit"):
         results = decode(mode, loaded.model, tok, prompts, projector=loaded.projector,
-                         latent_steps=loaded.config.latent_steps, max_new_tokens=48, max_frames=6,
+                         latent_steps=loaded.config.options.latent_steps, max_new_tokens=48, max_frames=6,
                          action_lines=lines)
         assert len(results) == len(prompts)
         for r in results:

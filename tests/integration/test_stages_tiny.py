@@ -124,7 +124,7 @@ def test_codi_model_loads_with_one_call(ws):
 
     loaded = load_codi_model(ws / "models/codi")
     # decoded exactly as trained: the shipped latent_steps, recorded in the model folder
-    assert loaded.config.latent_steps == shipped("codi").latent_steps and loaded.config.extra["step"] == 4
+    assert loaded.config.options.latent_steps == shipped("codi").latent_steps and loaded.config.extra["step"] == 4
     assert loaded.model.lm_head.weight.data_ptr() == loaded.model.get_input_embeddings().weight.data_ptr()
 
 
@@ -176,7 +176,7 @@ def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):
     summary = json.loads((other / "metrics/codi.json").read_text())
     assert 0.0 <= summary["val_recon_exact_match"] <= 1.0 and summary["val_recon_frames"] > 0
     assert summary["recon_loss_last"] > 0
-    cfg = load_codi_model(other / "models/codi").config
+    cfg = load_codi_model(other / "models/codi").config.options
     assert {k: getattr(cfg, k) for k in opts} == opts
     assert not any("recon" in f.name for f in (other / "models/codi").iterdir())
     ckpts = sorted((other / "checkpoints/codi").glob("checkpoint-*"))
@@ -269,7 +269,23 @@ def test_a_model_whose_tokenizer_did_not_make_the_cache_is_refused(ws, tmp_path,
     manifest.write_text(json.dumps(data))
     for stage in ("sft", "codi", "evaluate"):
         assert cli(other, stage) == 2, stage
-        assert "its tokenizer is not the one that made" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "error: " in err and "its tokenizer is not the one that made" in err and "Traceback" not in err
+
+
+def test_a_model_folder_that_is_not_a_causal_lm_is_refused(ws, tmp_path, capsys):
+    from transformers import ViTConfig
+
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("traces_again", "checkpoints", "dvclive"))
+    (other / "models/sft/config.json").unlink()
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(other / "models/sft")
+    for stage in ("codi", "evaluate"):
+        assert cli(other, stage) == 2, stage
+        err = capsys.readouterr().err
+        assert [line for line in err.splitlines() if line.startswith("error: ")] == [
+            "error: models/sft: not a causal LM that transformers can load " + err.split("can load ", 1)[1].splitlines()[0]]
+        assert "ViTConfig" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("stage, dotted, value, expected", [

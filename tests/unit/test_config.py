@@ -1,4 +1,4 @@
-"""params.yaml <-> codi/config.py <-> dvc.yaml cannot drift; bad values fail with the key named."""
+"""params.yaml <-> codi/schemas/ (codi/params.py) <-> dvc.yaml cannot drift; bad values fail with the key named."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codi.config import ConfigError, Params, describe, load_params, params_from_dict, read_yaml, to_dict
+from codi.__main__ import COMMANDS
+from codi.config import ConfigError, describe, load_params, params_from_dict, read_yaml, to_dict
+from codi.params import Params
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +109,7 @@ def _dvc_stages() -> dict:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
-# What each stage's code reads from params (its run() signature takes Params; this is the contract).
+# What each stage's results depend on in params (dvc.yaml's `params`; this is the contract).
 STAGE_PARAMS = {
     "extract": {"extract"},
     "precompute": {"precompute", "model"},
@@ -130,3 +132,23 @@ def test_every_dvc_params_key_exists_and_loads(raw):
             for part in key.split("."):
                 assert part in node, f"dvc.yaml stage {name}: params key {key} is not in params.yaml"
                 node = node[part]
+
+
+# Sections a stage reads that decide no result: where logs go, and what the wandb run records.
+NOT_RESULTS = {"wandb", "model", "sft", "sft_direct"}
+
+
+def test_each_stage_reads_the_sections_it_depends_on():
+    """A stage's `run` declares the sections it reads (a dataclass); its dvc.yaml params are among them, and the
+    others only say where logs go (wandb), what a run records (sft logs `model`), or are the sibling training
+    section of the shared sft entry point."""
+    import dataclasses
+    import importlib
+    import typing
+
+    for name, keys in STAGE_PARAMS.items():
+        module, _, function = COMMANDS[name].target.partition(":")
+        view = typing.get_type_hints(getattr(importlib.import_module(module), function))["params"]
+        read = {f.name for f in dataclasses.fields(view)}
+        assert keys <= read, name
+        assert read - keys <= NOT_RESULTS, name

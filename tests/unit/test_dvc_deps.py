@@ -78,6 +78,23 @@ def test_a_missing_dep_is_found(stages):
     assert code_dep_problems(mutated) == ["extract: dep codi/batching.py is not imported by the stage"]
 
 
+def stages_reading(file: str) -> set[str]:
+    """The stages whose import closure holds `file` (an edit to it reruns them)."""
+    return {name for name in COMMANDS if name not in ("trace", "params")
+            if file in {p.relative_to(REPO_ROOT).as_posix() for p in stage_code_files(stage_module(name))}}
+
+
+def test_a_section_schema_edit_reruns_only_the_stages_that_read_it():
+    """One schema module per params.yaml section: editing the codi section's schema reruns codi (and evaluate,
+    which reads the CODI options back from the model folder), not extract, precompute or sft."""
+    assert stages_reading("codi/schemas/codi.py") == {"codi"}
+    assert stages_reading("codi/modeling/options.py") == {"codi", "evaluate"}
+    assert stages_reading("codi/schemas/extract.py") == {"extract"}
+    assert stages_reading("codi/schemas/evaluate.py") == {"evaluate"}
+    assert stages_reading("codi/schemas/pipeline.py") == set()
+    assert stages_reading("codi/params.py") == set()      # the whole file's schema: checked, no code dep
+
+
 def test_a_function_local_import_is_in_the_closure(tmp_path):
     """Lazy imports count (a superset of one run's imports is safe; missing one is not)."""
     files = {p.relative_to(REPO_ROOT).as_posix() for p in stage_code_files("codi.stages.sft")}

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from codi.decoding import decode
-from codi.modeling import CodiModel, PaddedRows
+from codi.modeling import PaddedRows
 from codi.tokens import token_ids
 from tests.codi_oracle import _latent_block as oracle_block
-from tests.codi_oracle import latent_block
+from tests.codi_oracle import codi_model, latent_block
 from tests.unit.test_decoding import _encode, _model, _tokenizer
 
 
@@ -37,8 +37,7 @@ def test_decoder_training_primitive_and_reference_agree_on_the_latent_block():
     ids = token_ids(tok)
     for latent_steps in (1, 3):
         base = _model(tok, seed=latent_steps)
-        codi = CodiModel(base, ids, latent_steps=latent_steps, teacher_ce_weight=1.0, student_ce_weight=1.0,
-                         kd_weight=1.0).eval()
+        codi = codi_model(base, ids, latent_steps).eval()
         prompt = _encode(tok, "<|trace_context_start|>def f(a):\n    b = a + 1\n    return b\n\n# call: f(2)\n<|frame_sep|>")
         prefix = _encode(tok, '<|call_sep|>{"a": "2"}<|action_sep|>def f(a):\n<|frame_sep|><|line_sep|>')
         real_head = base.lm_head

@@ -14,18 +14,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.codi_oracle` without a conftest
 
 import codi.modeling.losses as losses  # noqa: E402
-from codi.modeling import (CodiModel, PaddedRows, activation_checkpointing, load_codi_model,  # noqa: E402
-                           plan_example, read_codi_config, save_codi_model, ss_ramp)
+from codi.modeling import (CodiModel, LossWeights, PaddedRows, activation_checkpointing,  # noqa: E402
+                           load_codi_model, plan_example, read_codi_config, save_codi_model, ss_ramp)
 from codi.tokens import add_trace_tokens, token_ids  # noqa: E402
 from tests.tiny import shipped  # noqa: E402
-from tests.codi_oracle import TOKEN_IDS, latent_block, make_example, oracle_forward, oracle_latent_block, tiny_base  # noqa: E402
+from tests.codi_oracle import (TOKEN_IDS, codi_model, latent_block, make_example, oracle_forward,  # noqa: E402
+                               oracle_latent_block, tiny_base)
 
 torch.set_num_threads(1)
 W = dict(teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0)
 
 
 def build(latent_steps=1, base=None, **kw):
-    return CodiModel(base if base is not None else tiny_base(), TOKEN_IDS, latent_steps=latent_steps, **{**W, **kw})
+    return codi_model(base if base is not None else tiny_base(), TOKEN_IDS, latent_steps, **{**W, **kw})
 
 
 def batch(frames=(1, 3, 2), seed=0):
@@ -37,16 +38,12 @@ def batch(frames=(1, 3, 2), seed=0):
 @pytest.mark.parametrize("kw,key", [
     (dict(latent_steps=-1), "codi.latent_steps"),
     (dict(latent_steps=1.5), "codi.latent_steps"),
-    (dict(kd_layers=[3]), "codi.kd_layers"),        # tiny_base: 2 layers -> 3 hidden states
-    (dict(kd_layers=[-4]), "codi.kd_layers"),
     (dict(kd_layers=[]), "codi.kd_layers"),
     (dict(kd_target="attention"), "codi.kd_target"),
-    (dict(kd_target="logit", kd_layers=[1]), "codi.kd_layers"),
-    (dict(kd_target="logit", kd_layers=[-1, 0]), "codi.kd_layers"),
     (dict(kd_temp=0.0), "codi.kd_temp"),
     (dict(single_anchor="yes"), "codi.single_anchor"),
-    (dict(kd_weight=-1.0), "gamma (kd_weight)"),
-    (dict(teacher_ce_weight=float("nan")), "alpha (teacher_ce_weight)"),
+    (dict(kd_weight=-1.0), "kd_weight"),
+    (dict(teacher_ce_weight=float("nan")), "teacher_ce_weight"),
     (dict(kd_norm="layer"), "codi.kd_norm"),
     (dict(kd_norm="teacher_std", kd_target="logit"), "codi.kd_norm"),
     (dict(kd_positions="everywhere"), "codi.kd_positions"),
@@ -54,10 +51,19 @@ def batch(frames=(1, 3, 2), seed=0):
     (dict(recon_weight=1.0, recon_decoder="separate"), "codi.recon_decoder"),
     (dict(recon_weight=1.0, latent_steps=0), "codi.recon_weight"),
 ])
-def test_bad_constructor_args_name_the_key(kw, key):
+def test_bad_options_name_the_key(kw, key):
+    """Options are checked once, where they are parsed (params.yaml, codi_config.json: the same declarations)."""
     args = {**W, "latent_steps": 1, **kw}
-    with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(")", r"\)")):
-        CodiModel(tiny_base(), TOKEN_IDS, **args)
+    with pytest.raises(ValueError, match=key):
+        codi_model(tiny_base(), TOKEN_IDS, **args)
+
+
+@pytest.mark.parametrize("kw", [dict(kd_layers=[3]), dict(kd_layers=[-4]),   # tiny_base: 2 layers -> 3 hidden states
+                                dict(kd_target="logit", kd_layers=[1]), dict(kd_target="logit", kd_layers=[-1, 0])])
+def test_options_the_model_cannot_honour_name_the_key(kw):
+    """The checks that need the model (its layers, its vocabulary) are CodiModel's."""
+    with pytest.raises(ValueError, match="codi.kd_layers"):
+        build(**kw)
 
 
 def test_bad_frozen_teacher_and_layer_range_against_teacher():
@@ -66,7 +72,7 @@ def test_bad_frozen_teacher_and_layer_range_against_teacher():
     with pytest.raises(ValueError, match="codi.kd_layers"):  # in range for the base, not the 1-layer teacher
         build(frozen_teacher=tiny_base(layers=1), kd_layers=[2])
     with pytest.raises(ValueError, match="token_ids.pad"):
-        CodiModel(tiny_base(), dataclasses.replace(TOKEN_IDS, pad=500), latent_steps=1, **W)
+        codi_model(tiny_base(), dataclasses.replace(TOKEN_IDS, pad=500), 1, **W)
 
 
 def test_logit_accepts_last_layer_spellings():
@@ -78,13 +84,14 @@ def test_logit_accepts_last_layer_spellings():
 
 def test_from_config_maps_fields():
     cfg = shipped("codi", latent_steps=3, kd_layers=[-1], single_anchor=True, kd_target="hidden", kd_temp=1.0)
-    m = CodiModel.from_config(tiny_base(), TOKEN_IDS, cfg, alpha=0.5, beta=2.0, gamma=3.0)
-    assert (m.latent_steps, m.kd_layers_arg, m.single_anchor) == (3, [-1], True)
-    assert (m.teacher_ce_weight, m.student_ce_weight, m.kd_weight) == (0.5, 2.0, 3.0)
+    weights = LossWeights(teacher_ce_weight=0.5, student_ce_weight=2.0, kd_weight=3.0)
+    m = CodiModel.from_config(tiny_base(), TOKEN_IDS, cfg, weights)
+    assert (m.options.latent_steps, m.options.kd_layers, m.options.single_anchor) == (3, [-1], True)
+    assert type(m.options).__name__ == "CodiOptions" and m.options == cfg.options and m.weights == weights
     with pytest.raises(ValueError, match="codi.frozen_teacher"):
-        CodiModel.from_config(tiny_base(), TOKEN_IDS, shipped("codi", frozen_teacher="models/sft"), 1, 1, 1)
+        CodiModel.from_config(tiny_base(), TOKEN_IDS, shipped("codi", frozen_teacher="models/sft"), weights)
     with pytest.raises(ValueError, match="codi.frozen_teacher"):
-        CodiModel.from_config(tiny_base(), TOKEN_IDS, shipped("codi"), 1, 1, 1, frozen_teacher=tiny_base())
+        CodiModel.from_config(tiny_base(), TOKEN_IDS, shipped("codi"), weights, frozen_teacher=tiny_base())
 
 
 def test_projector_and_frozen_teacher_registration():
@@ -180,14 +187,14 @@ def test_reconstruct_probe_returns_each_frames_locals_against_the_truth():
 
 def test_recon_copy_is_a_trained_submodule_that_the_saved_model_leaves_out(tmp_path):
     tok = tiny_tokenizer()
-    m = CodiModel(tiny_base(vocab=len(tok)), token_ids(tok), latent_steps=1, recon_weight=1.0,
-                  recon_decoder="copy", **W)
+    m = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 1, recon_weight=1.0, recon_decoder="copy",
+                   latent_curriculum_frac=0.5, mix_explicit_prob=0.1, **W)
     assert m.recon_model is not None and m.recon_model is not m.model
     assert any(n.startswith("recon_model.") for n, _ in m.named_parameters())
-    out = save_codi_model(m, tok, tmp_path / "codi", curriculum=(0.5, 0.1))
-    cfg = read_codi_config(out)
+    out = save_codi_model(m, tok, tmp_path / "codi")
+    cfg = read_codi_config(out).options
     assert (cfg.recon_weight, cfg.recon_decoder, cfg.latent_curriculum_frac, cfg.mix_explicit_prob) == (1.0, "copy", 0.5, 0.1)
-    assert (cfg.kd_norm, cfg.kd_positions) == ("none", "action_sep")
+    assert (cfg.kd_norm, cfg.kd_positions) == ("none", "action_sep") and read_codi_config(out).options == m.options
     assert not any("recon" in f.name for f in out.iterdir())
 
 
@@ -257,7 +264,7 @@ def test_latent_block_primitive_equals_reference_block():
         rows.step(m.embed(ids), real)
         active = torch.tensor([True, True, False])
         h = latent_block(rows, m.projector, m.model.get_input_embeddings(), TOKEN_IDS.latent_start,
-                         TOKEN_IDS.latent_end, m.latent_steps, active, TOKEN_IDS.pad)
+                         TOKEN_IDS.latent_end, m.options.latent_steps, active, TOKEN_IDS.pad)
         logits = m.head(h)
         for e in range(2):
             torch.testing.assert_close(logits[e], oracle_latent_block(m, prefixes[e]), rtol=1e-5, atol=1e-6)
@@ -338,7 +345,7 @@ def test_chunked_cross_entropy_equals_direct(monkeypatch):
 
 
 def test_bf16_runs_and_keeps_dtype():
-    m = CodiModel(tiny_base().to(torch.bfloat16), TOKEN_IDS, latent_steps=2, **W)
+    m = codi_model(tiny_base().to(torch.bfloat16), TOKEN_IDS, 2, **W)
     assert m.projector[0].weight.dtype == torch.bfloat16
     out = m(batch(frames=(2, 1)), ss_prob=1.0, ss_rng=random.Random(0))
     out["loss"].backward()
@@ -379,7 +386,7 @@ def test_save_and_load_round_trip(tmp_path, tie):
     tok = tiny_tokenizer()
     ids = token_ids(tok)
     base = tiny_base(vocab=len(tok), tie=tie)
-    m = CodiModel(base, ids, latent_steps=2, kd_layers=[-1], single_anchor=True, **W)
+    m = codi_model(base, ids, 2, kd_layers=[-1], single_anchor=True, **W)
     with torch.no_grad():  # make sure a trained (non-initial) projector is what gets saved
         for p in m.projector.parameters():
             p.add_(0.01)
@@ -396,7 +403,8 @@ def test_save_and_load_round_trip(tmp_path, tie):
     tied = loaded.model.lm_head.weight.data_ptr() == loaded.model.get_input_embeddings().weight.data_ptr()
     assert tied == tie
     cfg = loaded.config
-    assert (cfg.latent_steps, cfg.kd_layers, cfg.single_anchor, cfg.token_ids) == (2, [-1], True, ids)
+    assert (cfg.options.latent_steps, cfg.options.kd_layers, cfg.options.single_anchor, cfg.token_ids) == (2, [-1], True, ids)
+    assert cfg.options == m.options and cfg.weights == m.weights
     assert cfg.extra == {"step": 12, "val_loss": 1.5} and read_codi_config(out) == cfg
     assert not loaded.model.training
     bf = load_codi_model(out, dtype=torch.bfloat16)
@@ -405,7 +413,7 @@ def test_save_and_load_round_trip(tmp_path, tie):
 
 def test_save_and_load_errors(tmp_path):
     tok = tiny_tokenizer()
-    m = CodiModel(tiny_base(vocab=len(tok)), token_ids(tok), latent_steps=1, **W)
+    m = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 1, **W)
     with pytest.raises(ValueError, match="JSON-serializable"):
         save_codi_model(m, tok, tmp_path / "a", extra={"x": object()})
     with pytest.raises(ValueError, match="token ids differ"):
@@ -414,10 +422,38 @@ def test_save_and_load_errors(tmp_path):
         load_codi_model(tmp_path / "missing")
 
 
+SAVED = Path(__file__).resolve().parents[1] / "fixtures" / "codi_config"   # as earlier versions wrote them
+V2_OPTIONS = dict(kd_layers=[-1], kd_norm="teacher_std", kd_positions="action_line", recon_weight=0.5,
+                  latent_curriculum_frac=0.25, mix_explicit_prob=0.1)
+
+
+def test_the_saved_config_is_the_committed_format_byte_for_byte(tmp_path):
+    """codi_config.json is part of models/codi's digest in dvc.lock: the writer must not drift."""
+    tok = tiny_tokenizer()
+    m = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, kd_weight=0.5, **V2_OPTIONS)
+    out = save_codi_model(m, tok, tmp_path / "c", extra={"step": 12})
+    assert (out / "codi_config.json").read_bytes() == (SAVED / "v2.json").read_bytes()
+
+
+@pytest.mark.parametrize("version, options", [
+    ("v1", dict(kd_layers=[-1])),       # before kd_norm, kd_positions, recon_*, the curriculum: the reference's
+    ("v2", V2_OPTIONS),
+])
+def test_a_folder_saved_by_an_earlier_version_loads(tmp_path, version, options):
+    import shutil
+
+    tok = tiny_tokenizer()
+    out = save_codi_model(codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, **W), tok, tmp_path / "c")
+    shutil.copy(SAVED / f"{version}.json", out / "codi_config.json")
+    loaded = load_codi_model(out)
+    assert loaded.config.options == codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, **options).options
+    assert (loaded.config.weights.kd_weight, loaded.config.extra) == (0.5, {"step": 12})
+
+
 def test_a_saved_option_this_version_does_not_know_is_refused(tmp_path):
     import json
     tok = tiny_tokenizer()
-    out = save_codi_model(CodiModel(tiny_base(vocab=len(tok)), token_ids(tok), latent_steps=1, **W), tok, tmp_path / "c")
+    out = save_codi_model(codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 1, **W), tok, tmp_path / "c")
     path = out / "codi_config.json"
     raw = json.loads(path.read_text())
     path.write_text(json.dumps({**raw, "latent_dropout": 0.1}))
@@ -429,4 +465,4 @@ def test_a_saved_option_this_version_does_not_know_is_refused(tmp_path):
     v1 = {k: v for k, v in raw.items() if k not in ("kd_norm", "kd_positions", "recon_weight", "recon_decoder",
                                                      "latent_curriculum_frac", "mix_explicit_prob")}
     path.write_text(json.dumps({**v1, "format_version": 1}))  # an older folder: the reference's behaviour
-    assert read_codi_config(out).kd_norm == "none" and read_codi_config(out).recon_weight == 0.0
+    assert read_codi_config(out).options.kd_norm == "none" and read_codi_config(out).options.recon_weight == 0.0

@@ -12,8 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.codi_oracle` without a conftest
 
-from codi.modeling import CodiModel  # noqa: E402
-from tests.codi_oracle import TOKEN_IDS, make_example, oracle_forward, tiny_base  # noqa: E402
+from tests.codi_oracle import TOKEN_IDS, codi_model, make_example, oracle_forward, tiny_base  # noqa: E402
 
 torch.set_num_threads(1)
 LOSS_KEYS = ("loss", "teacher_loss", "student_loss", "kd_loss", "recon_loss")
@@ -22,7 +21,7 @@ LOSS_KEYS = ("loss", "teacher_loss", "student_loss", "kd_loss", "recon_loss")
 def build(latent_steps=1, teacher=None, attn="sdpa", **kw):
     opts = dict(teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0)
     opts.update(kw)
-    return CodiModel(tiny_base(attn=attn), TOKEN_IDS, latent_steps=latent_steps, frozen_teacher=teacher, **opts)
+    return codi_model(tiny_base(attn=attn), TOKEN_IDS, latent_steps, frozen_teacher=teacher, **opts)
 
 
 def mixed_batch(seed=0, frames=(1, 3, 2, 4)):
@@ -165,7 +164,7 @@ def test_new_options_match_oracle(option, latent_steps):
     model = build(latent_steps, **NEW_OPTIONS[option])
     out = assert_equal_to_oracle(model, mixed_batch())
     assert float(out["kd_loss"]) > 0
-    assert (float(out["recon_loss"]) > 0) == (model.recon_weight > 0)
+    assert (float(out["recon_loss"]) > 0) == (model.options.recon_weight > 0)
 
 
 def test_the_options_change_the_loss_they_name():

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+import codi.sources
+from codi.config import ConfigError, params_from_dict
+from codi.sources import source_names
 from codi.sources.base import DatasetError
 from codi.sources.registry import load_samples, parse_hub_path
-from tests.tiny import shipped
+from codi.stages.extract import check_tracked_paths
+from tests.tiny import shipped, tiny_params
 
 FIX = Path(__file__).parents[1] / "fixtures" / "sources"
 CFG = shipped("extract")
@@ -18,7 +22,8 @@ CRUX = {"code": "def f(x):\n    return x\n", "input": "1", "output": "1", "id": 
 
 
 def test_unknown_source_and_synthetic_path():
-    with pytest.raises(DatasetError, match="unknown source 'apps': expected one of synthetic, humaneval"):
+    with pytest.raises(DatasetError, match="unknown source 'apps': expected one of cruxeval, humaneval, mbpp, pyx, "
+                                           "synthetic"):
         load_samples("apps", CFG)
     with pytest.raises(DatasetError, match="source synthetic is generated"):
         load_samples("synthetic", CFG, path="x.jsonl")
@@ -109,3 +114,39 @@ def test_an_unreachable_hub_is_a_clear_error(monkeypatch):
         "'org/crux' on the Hub (LocalEntryNotFoundError)). Offline? Download it once and set a local jsonl "
         "path instead.")
     assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+TOY_SOURCE = '''"""A toy file source: one call of `f` per record."""
+
+from codi.sources.asserts import Harvest
+from codi.sources.base import Sample, normalize_program
+
+NAME = "toy"
+FIELDS = {"id": ((str,), True), "code": ((str,), True), "call": ((str,), True)}
+
+
+def harvest(rec):
+    return Harvest(samples=[Sample(sample_id=f"toy/{rec['id']}/0", source=NAME, problem_id=f"toy/{rec['id']}",
+                                   program=normalize_program(rec["code"]), call=rec["call"])])
+'''
+
+
+def test_a_new_source_is_one_module_plus_its_params_entries(tmp_path, monkeypatch):
+    """Adding a source (docs/ARCHITECTURE.md, "Adding a source"): a module in codi/sources/ (here a second
+    folder of the package) and its params.yaml entries; nothing else lists it, and the data/raw/ check covers it."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "toy.py").write_text(TOY_SOURCE)
+    monkeypatch.setattr(codi.sources, "__path__", [*codi.sources.__path__, str(plugins)])
+    monkeypatch.delitem(sys.modules, "codi.sources.toy", raising=False)
+    assert "toy" in source_names()
+
+    data = tmp_path / "toy.jsonl"
+    data.write_text('{"id": "a", "code": "def f(x):\\n    return x + 1\\n", "call": "f(1)"}\n')
+    params = params_from_dict(tiny_params(extract={"sources": ["synthetic", "toy"], "paths": {"toy": str(data)}}))
+    assert [s.sample_id for s in load_samples("toy", params.extract).samples] == ["toy/a/0"]
+    with pytest.raises(ConfigError, match=r"extract.paths.toy = '.*toy.jsonl': outside data/raw/"):
+        check_tracked_paths(params.extract)
+    with pytest.raises(ConfigError, match=r"unknown key extract.paths.toy2"):
+        params_from_dict(tiny_params(extract={"paths": {"toy2": "x"}}))
+    monkeypatch.delitem(sys.modules, "codi.sources.toy", raising=False)

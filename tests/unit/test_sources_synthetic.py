@@ -11,7 +11,8 @@ from collections import Counter
 
 import pytest
 
-from codi.config import ConfigError, SyntheticConfig, params_from_dict
+from codi.config import ConfigError, params_from_dict
+from codi.schemas.extract import SyntheticConfig
 from codi.sources import synthetic
 from codi.sources.synthetic import MAX_LINES, generate, generate_programs
 from codi.sources.synthetic_templates import TEMPLATES, Draft, Template
@@ -48,7 +49,7 @@ def test_the_first_programs_do_not_depend_on_n_programs():
 
 
 def test_determinism_across_processes_and_hash_seeds():
-    code = ("from codi.config import ConfigError, SyntheticConfig, params_from_dict; from codi.sources.synthetic import generate; import hashlib;"
+    code = ("from codi.schemas.extract import SyntheticConfig; from codi.sources.synthetic import generate; import hashlib;"
             "s = generate(SyntheticConfig(n_programs=60, calls_per_program=2, difficulty=3, max_int=20, "
             f"canonical_names=False, operators={ALL_OPERATORS!r}, templates=[], chain_steps=[2, 4], "
             "value_range=[-999, 999], add_max=9, seed=7));"
@@ -217,7 +218,7 @@ def test_canonical_names_are_a_b_c_in_order_and_the_entry_is_f():
     assert len({p.program.splitlines()[0] for p in free}) > 10
 
 
-# ------------------------------------------------------------------ the task ladder's knobs (docs/LADDER.md)
+# ------------------------------------------------------------------ the task ladder's knobs (docs/RESULTS.md, "Research III")
 def test_the_ladder_knobs_at_their_neutral_values_draw_the_programs_of_before():
     """templates [], chain_steps [2, 4], value_range [-999, 999] are the generator before the knobs existed:
     these digests were taken from that code (commit 844e0f3), so every earlier experiment's task is still drawn."""
@@ -228,7 +229,7 @@ def test_the_ladder_knobs_at_their_neutral_values_draw_the_programs_of_before():
 
 
 def test_template_names_in_the_schema_are_the_templates():
-    from codi.config import SYNTHETIC_TEMPLATES
+    from codi.schemas.extract import SYNTHETIC_TEMPLATES
     from codi.sources.synthetic_templates import TEMPLATE_NAMES
     assert SYNTHETIC_TEMPLATES == TEMPLATE_NAMES
 

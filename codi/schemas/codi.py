@@ -1,0 +1,47 @@
+"""The `codi` section (and the top-level alpha, beta, gamma): the CODI options plus the training hyperparameters.
+
+The CODI options themselves (latent_steps, kd_*, recon_*, the latent curriculum) are codi.modeling.options.CodiOptions,
+the type a saved codi model records; this module adds what only the training run needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codi.config import option
+from codi.modeling.options import CodiOptions, LossWeights
+from codi.schemas.train import TrainConfig
+
+
+@dataclass(frozen=True)
+class CodiConfig(TrainConfig, CodiOptions):
+    """`codi` (stage 2b): the CODI options, the training hyperparameters, and the run's own settings."""
+
+    frozen_teacher: str = option("path of a frozen teacher model; \"\" = the shared-weight teacher")
+    ss_prob: float = option("scheduled sampling: final probability of feeding a post-latent segment's own argmax",
+                            ge=0.0, le=1.0)
+    ss_ramp_frac: float = option("share of steps over which ss_prob ramps up linearly from 0", gt=0.0, le=1.0)
+    val_accuracy_samples: int = option("val examples decoded with latents at each evaluation (output accuracy); 0 = off",
+                                       ge=0)
+
+    def __post_init__(self) -> None:
+        TrainConfig.__post_init__(self)
+        CodiOptions.__post_init__(self)
+
+    @property
+    def options(self) -> CodiOptions:
+        """The CODI options alone: what CodiModel takes and a saved model records."""
+        return CodiOptions.of(self)
+
+
+@dataclass(frozen=True)
+class TopLevelWeights:
+    """params.yaml's top-level loss weights: L = alpha*L_teacher + beta*L_student + gamma*L_kd."""
+
+    alpha: float = option("weight of the teacher CE (L = alpha*Lt + beta*Ls + gamma*Lkd)", ge=0.0)
+    beta: float = option("weight of the student CE", ge=0.0)
+    gamma: float = option("weight of the KD loss", ge=0.0)
+
+    @property
+    def loss_weights(self) -> LossWeights:
+        return LossWeights(teacher_ce_weight=self.alpha, student_ce_weight=self.beta, kd_weight=self.gamma)

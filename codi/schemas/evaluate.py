@@ -1,0 +1,26 @@
+"""The `evaluate` section: explicit-trace vs latent vs no-trace decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codi.config import option
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """`evaluate`: explicit-trace vs latent vs no-trace decoding on held-out problems."""
+
+    modes: list[str] = option("decoders to compare",
+                              choices=("explicit", "latent", "direct"), nonempty=True)
+    splits: list[str] = option("cache splits to evaluate on", choices=("train", "val", "test", "holdout"), nonempty=True)
+    max_examples: int = option("examples per split; 0 = all", ge=0)
+    batch_size: int = option("examples decoded together", ge=1)
+    max_new_tokens: int = option("generated positions (tokens + latents) per example", ge=1)
+    max_frames: int = option("generated frames per example", ge=1)
+    constrain_actions: bool = option("explicit/latent: after <|action_sep|> write only one of the program's "
+                                     "lines (the model still picks which); false = free decoding")
+    torch_threads: int = option("torch intra-op threads on CPU; 0 = torch's default", ge=0)
+    bootstrap_samples: int = option("resamples of the percentile bootstrap over problems behind every interval", ge=100)
+    bootstrap_seed: int = option("seed of the bootstrap (fixed: a rerun gives the same intervals)")
+    ci_level: float = option("confidence level of the intervals", gt=0.5, lt=1.0)
