@@ -34,10 +34,13 @@ from codi.tokens import TraceTokenIds, load_tokenizer, token_ids
 
 CODI_CONFIG = "codi_config.json"
 PROJECTOR_FILE = "thought_projector.safetensors"
-FORMAT_VERSION = 2
-# Version 1 folders predate these options: they were trained with the reference's behaviour.
-V1_DEFAULTS = {"kd_norm": "none", "kd_positions": "action_sep", "recon_weight": 0.0, "recon_decoder": "shared",
-               "latent_curriculum_frac": 0.0, "mix_explicit_prob": 0.0}
+FORMAT_VERSION = 3
+# A folder of an older format predates some options: it was trained with their reference behaviour.
+OLDER_DEFAULTS = {
+    1: {"kd_norm": "none", "kd_positions": "action_sep", "recon_weight": 0.0, "recon_decoder": "shared",
+        "latent_curriculum_frac": 0.0, "mix_explicit_prob": 0.0, "projector_dropout": 0.0},
+    2: {"projector_dropout": 0.0},
+}
 _OPTION_KEYS = tuple(f.name for f in dataclasses.fields(CodiOptions))
 _WEIGHT_KEYS = tuple(f.name for f in dataclasses.fields(LossWeights))
 _RECORD_KEYS = ("hidden_size", "frozen_teacher", "token_ids")  # and format_version, extra
@@ -102,10 +105,10 @@ def read_codi_config(path: str | Path) -> SavedCodiConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{f}: expected a JSON object")
     version = raw.get("format_version")
-    if version not in (1, FORMAT_VERSION):
-        raise ConfigError(f"{f}: format_version = {version!r}: expected {FORMAT_VERSION} (or 1)")
-    if version == 1:
-        raw = {**V1_DEFAULTS, **raw}
+    if version not in (*OLDER_DEFAULTS, FORMAT_VERSION):
+        raise ConfigError(f"{f}: format_version = {version!r}: expected {FORMAT_VERSION} (or an older "
+                          f"{', '.join(map(str, OLDER_DEFAULTS))})")
+    raw = {**OLDER_DEFAULTS.get(version, {}), **raw}
     unknown = sorted(set(raw) - {*_OPTION_KEYS, *_WEIGHT_KEYS, *_RECORD_KEYS, "format_version", "extra"})
     if unknown:
         raise ConfigError(f"{f}: unknown option {unknown[0]!r}: the model was trained with an option this version "

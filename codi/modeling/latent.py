@@ -12,6 +12,7 @@ Design: docs/ARCHITECTURE.md, "CodiModel" (PaddedRows, compaction) and "Decoding
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable, Sequence
 
 import torch
@@ -19,13 +20,17 @@ from torch import nn
 from transformers import DynamicCache
 
 
-def build_projector(hidden_size: int, *, dtype: torch.dtype, device: torch.device | str) -> nn.Sequential:
-    """The CODI thought projector: Linear(h,h,no bias) -> GELU -> Linear(h,h,no bias) -> LayerNorm(h)."""
-    prj = nn.Sequential(
-        nn.Linear(hidden_size, hidden_size, bias=False), nn.GELU(),
-        nn.Linear(hidden_size, hidden_size, bias=False), nn.LayerNorm(hidden_size),
-    )
-    return prj.to(device=device, dtype=dtype)
+def build_projector(hidden_size: int, *, dtype: torch.dtype, device: torch.device | str,
+                    dropout: float = 0.0) -> nn.Sequential:
+    """The CODI thought projector: Linear(h,h,no bias) -> GELU -> Linear(h,h,no bias) -> LayerNorm(h), with
+    dropout on its input when `dropout` > 0 (CODI's prj_dropout; active in training mode only)."""
+    layers: dict[str, nn.Module] = {"0": nn.Linear(hidden_size, hidden_size, bias=False), "1": nn.GELU(),
+                                    "2": nn.Linear(hidden_size, hidden_size, bias=False), "3": nn.LayerNorm(hidden_size)}
+    if dropout > 0:
+        # named, not numbered: the weights keep their keys ("0.weight", ...), so every saved projector loads;
+        # absent at 0, where even a no-op dropout would draw random numbers and move every later draw
+        layers = {"dropout": nn.Dropout(dropout), **layers}
+    return nn.Sequential(OrderedDict(layers)).to(device=device, dtype=dtype)
 
 
 def detached_cache(cache: DynamicCache | None) -> DynamicCache | None:

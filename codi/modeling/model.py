@@ -116,7 +116,7 @@ class CodiModel(nn.Module):
         self.model = base
         h = base.config.get_text_config().hidden_size
         ref = base.get_input_embeddings().weight
-        self.projector = build_projector(h, dtype=ref.dtype, device=ref.device)
+        self.projector = build_projector(h, dtype=ref.dtype, device=ref.device, dropout=options.projector_dropout)
         if options.latent_steps == 0:
             self.projector.requires_grad_(False)
         self.token_ids = token_ids

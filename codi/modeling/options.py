@@ -45,6 +45,8 @@ class CodiOptions:
                                            "to 1 over this share of the steps; 0 = all latent from step 0", ge=0.0, le=1.0)
     mix_explicit_prob: float = option("share of each example's LINE frames (the last ones) kept explicit after the ramp",
                                       ge=0.0, lt=1.0)
+    projector_dropout: float = option("dropout on the thought projector's input in training (CODI's prj_dropout); "
+                                      "0 = none (the reference)", ge=0.0, lt=1.0)
 
     def __post_init__(self) -> None:
         if self.kd_norm == "teacher_std" and self.kd_target != "hidden":

@@ -13,7 +13,7 @@ from codi.sources import source_names
 SYNTHETIC_TEMPLATES = ("arith_chain", "branch", "early_return", "ternary", "for_range", "while_loop",
                        "list_accumulate", "list_build", "list_ops", "string_loop", "string_ops", "dict_count",
                        "dict_map", "helper_call", "scan_best", "recursion_int", "recursion_list", "recursion_str",
-                       "nested_range", "nested_lists", "chain", "chain_const")
+                       "nested_range", "nested_lists", "chain", "chain_const", "chain_fresh")
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class SyntheticConfig:
                                   choices=("+", "-", "*", "//", "%", "max", "min", "abs", "copy"), nonempty=True)
     templates: list[str] = option("template families to draw from; [] = every one of level <= difficulty",
                                   choices=SYNTHETIC_TEMPLATES)
-    chain_steps: list[int] = option("[lo, hi]: assignment lines of the straight-line templates (arith_chain, chain, "
-                                    "chain_const)")
+    chain_steps: list[int] = option("[lo, hi]: assignment lines of the straight-line templates (arith_chain and the "
+                                    "chain templates)")
     value_range: list[int] = option("[lo, hi]: every integer a call holds (locals, items, result); a call outside is "
                                     "drawn again")
     add_max: int = option("largest constant of a drawn + or - (`c + 1` .. `c + add_max`)", ge=1, le=9)

@@ -181,6 +181,17 @@ def chain_const(g: Gen) -> Draft:
     return Draft(func(name, [a], body), name, [g.small_int()])
 
 
+def chain_fresh(g: Gen) -> Draft:
+    """chain_const with a fresh name per step (`b = a + 3`, `c = max(b, 6)`, `d = c - 1`): each line reads the
+    value the line before it wrote and a constant, and starts with a name no other line writes, so which line
+    runs next is never in doubt; the locals grow by one name a step."""
+    name = g.fresh(ENTRY_NAMES)
+    names = g.names(g.steps() + 1)
+    body = [f"{v} = {g.arith(u)}" for u, v in zip(names, names[1:])]
+    body.append(f"return {names[-1]}")
+    return Draft(func(name, names[:1], body), name, [g.small_int()])
+
+
 def branch(g: Gen) -> Draft:
     rng = g.rng
     name = g.fresh(ENTRY_NAMES)
@@ -476,5 +487,6 @@ TEMPLATES: tuple[Template, ...] = (
     # Appended, so that drawing among the templates above stays byte-identical: a level-1 template that
     # `difficulty` alone never draws; `SyntheticConfig.templates` names it (the task ladder's rungs).
     Template("chain", 1, chain, by_level=False), Template("chain_const", 1, chain_const, by_level=False),
+    Template("chain_fresh", 1, chain_fresh, by_level=False),
 )
 TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)

@@ -170,7 +170,8 @@ def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):
     other = tmp_path / "ws"
     shutil.copytree(ws, other, ignore=shutil.ignore_patterns("checkpoints", "dvclive"))
     opts = {"kd_norm": "teacher_std", "kd_positions": "action_line", "recon_weight": 0.5, "recon_decoder": "copy",
-            "latent_curriculum_frac": 0.5, "mix_explicit_prob": 0.2, "latent_steps": 2}
+            "latent_curriculum_frac": 0.5, "mix_explicit_prob": 0.2, "latent_steps": 2,
+            "projector_dropout": 0.1}
     write_params(other / "params.yaml", tiny_params(codi=opts))
     assert cli(other, "codi") == 0
     summary = json.loads((other / "metrics/codi.json").read_text())
@@ -330,3 +331,26 @@ def test_console_script_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "codi", "--params", str(ROOT / "params.yaml"), "params"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and f"codi.latent_steps = {shipped('codi').latent_steps}" in proc.stdout
+
+
+def test_fresh_seed_evaluates_the_committed_models_on_new_programs(ws, tmp_path):
+    """codi.fresh_seed: programs of another generator seed, none of them in the committed cache, traced and
+    encoded with the committed tokenizer, evaluated by the evaluate stage; each mode's accuracy set beside
+    the committed synthetic-test interval."""
+    from codi.config import load_params
+    from codi.fresh_seed import committed_programs, fresh_samples, run
+
+    params = load_params(ws / "params.yaml")
+    seen = committed_programs(ws / "data/cache")
+    samples = fresh_samples(params, params.extract.synthetic.seed + 1, 30, seen)
+    assert samples and not {s.program for s in samples} & seen
+    models = {m: ws / "models" / m for m in ("sft", "codi", "sft_direct")}
+    report = run(ws / "params.yaml", params.extract.synthetic.seed + 1, 30, tmp_path / "fresh", ws / "data/cache",
+                 models, ws / "metrics/eval_by_split.json")
+    committed = json.loads((ws / "metrics/eval_by_split.json").read_text())["test"]["synthetic"]
+    for mode in ("explicit", "latent", "direct"):
+        r = report[mode]
+        assert 0.0 <= r["fresh"] <= 1.0 and r["committed"] == committed[mode]["output_accuracy"]
+        assert r["within_interval"] == (r["committed_lo"] <= r["fresh"] <= r["committed_hi"])
+    assert report["examples"] == json.loads((tmp_path / "fresh/eval.json").read_text())["explicit"]["n"] > 0
+    assert json.loads((tmp_path / "fresh/fresh_seed.json").read_text()) == report

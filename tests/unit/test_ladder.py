@@ -27,7 +27,7 @@ def test_the_shipped_rungs_are_valid_params_and_span_the_axes():
     ops = {tuple(r.overrides.get("extract.synthetic.operators", ())) for r in rungs}
     assert ("copy",) in ops and ("max", "min") in ops  # the operations axis, from copying up
     steps = {tuple(r.overrides["extract.synthetic.chain_steps"]) for r in rungs
-             if r.overrides.get("extract.synthetic.templates") == ["chain"]}
+             if r.overrides.get("extract.synthetic.templates") == ["chain_const"]}
     assert len(steps) >= 2  # the dependent-steps axis
 
 

@@ -425,19 +425,21 @@ def test_save_and_load_errors(tmp_path):
 SAVED = Path(__file__).resolve().parents[1] / "fixtures" / "codi_config"   # as earlier versions wrote them
 V2_OPTIONS = dict(kd_layers=[-1], kd_norm="teacher_std", kd_positions="action_line", recon_weight=0.5,
                   latent_curriculum_frac=0.25, mix_explicit_prob=0.1)
+V3_OPTIONS = dict(V2_OPTIONS, projector_dropout=0.1)
 
 
 def test_the_saved_config_is_the_committed_format_byte_for_byte(tmp_path):
     """codi_config.json is part of models/codi's digest in dvc.lock: the writer must not drift."""
     tok = tiny_tokenizer()
-    m = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, kd_weight=0.5, **V2_OPTIONS)
+    m = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, kd_weight=0.5, **V3_OPTIONS)
     out = save_codi_model(m, tok, tmp_path / "c", extra={"step": 12})
-    assert (out / "codi_config.json").read_bytes() == (SAVED / "v2.json").read_bytes()
+    assert (out / "codi_config.json").read_bytes() == (SAVED / "v3.json").read_bytes()
 
 
 @pytest.mark.parametrize("version, options", [
     ("v1", dict(kd_layers=[-1])),       # before kd_norm, kd_positions, recon_*, the curriculum: the reference's
-    ("v2", V2_OPTIONS),
+    ("v2", V2_OPTIONS),                 # before projector_dropout: none
+    ("v3", V3_OPTIONS),
 ])
 def test_a_folder_saved_by_an_earlier_version_loads(tmp_path, version, options):
     import shutil
@@ -466,3 +468,24 @@ def test_a_saved_option_this_version_does_not_know_is_refused(tmp_path):
                                                      "latent_curriculum_frac", "mix_explicit_prob")}
     path.write_text(json.dumps({**v1, "format_version": 1}))  # an older folder: the reference's behaviour
     assert read_codi_config(out).options.kd_norm == "none" and read_codi_config(out).options.recon_weight == 0.0
+
+
+def test_projector_dropout_acts_in_training_only_and_keeps_the_weight_keys(tmp_path):
+    """CODI's prj_dropout: on the projector's input in training mode; the weights keep the keys of a projector
+    without it, so folders load either way; at 0 the projector is exactly the reference's (no dropout module)."""
+    tok = tiny_tokenizer()
+    plain = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, **W)
+    drop = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, projector_dropout=0.5, **W)
+    assert not any(isinstance(m, torch.nn.Dropout) for m in plain.projector.modules())
+    assert list(drop.projector.state_dict()) == list(plain.projector.state_dict())
+    h = torch.randn(64, plain.model.config.hidden_size)
+    drop.projector.train()
+    torch.manual_seed(0)
+    a = drop.projector(h)
+    torch.manual_seed(1)
+    assert not torch.equal(a, drop.projector(h))   # a fresh mask per call in training
+    drop.projector.eval()
+    torch.testing.assert_close(drop.projector(h), drop.projector(h), rtol=0, atol=0)
+    loaded = load_codi_model(save_codi_model(drop, tok, tmp_path / "c"))
+    assert loaded.config.options.projector_dropout == 0.5 and not loaded.projector.training
+    torch.testing.assert_close(loaded.projector(h), drop.projector(h), rtol=0, atol=0)
