@@ -4,7 +4,7 @@
     python -m codi.ladder queue copy maxmin ...          # dvc exp run --queue -n ladder-<rung> -S ... per rung
     python -m codi.ladder queue chain5 --set sft.max_steps=7200 --prefix budget   # the same with more overrides
     dvc queue start -j 1                                 # one experiment at a time on a small machine
-    python -m codi.ladder collect --out docs/ladder.json # results of the finished ladder-* experiments
+    python -m codi.ladder collect --head --out docs/ladder.json   # the finished ladder-* experiments + HEAD
     python -m codi.ladder report --data docs/ladder.json --plot plots/ladder.png   # markdown table + plot
 
 A rung is a set of `params.yaml` overrides (dotted keys, as `dvc exp run -S` takes them), nearly always of
@@ -143,20 +143,38 @@ def rung_row(name: str, params: dict[str, Any], by_split: dict[str, Any], precom
     return row
 
 
-def collect(prefix: str = "ladder", cwd: Path = ROOT) -> list[dict[str, Any]]:
-    """The rows of every finished `prefix-*` experiment (sorted by name)."""
+def rung_of(params: dict[str, Any], rungs: list[Rung]) -> str | None:
+    """The first rung whose every override `params` holds, or None: which rung an experiment ran."""
+    flat = flatten(params)
+    for rung in rungs:
+        if all(flat.get(key) == value for key, value in rung.overrides.items()):
+            return rung.name
+    return None
+
+
+def collect(prefix: str = "ladder", cwd: Path = ROOT, head: bool = False,
+            rungs: list[Rung] | None = None) -> list[dict[str, Any]]:
+    """The rows of every finished `prefix-*` experiment, and with `head` the committed default's (git HEAD,
+    named `main`), each with the rung it ran; in ladder order (`rungs`), then by name."""
     base_params = read_yaml(cwd / "params.yaml")
+    refs = sorted(experiment_refs(prefix, cwd).items())
+    if head:
+        refs.append(("main", "HEAD"))
+    rungs = load_rungs() if rungs is None else rungs
     rows = []
-    for name, ref in sorted(experiment_refs(prefix, cwd).items()):
+    for name, ref in refs:
         timings = {}
         for stage in ("sft", "sft_direct", "codi"):
             try:
                 timings[stage] = _read(ref, f"metrics/{stage}.json", cwd).get("train_runtime_s")
             except subprocess.CalledProcessError:
                 pass
-        rows.append(rung_row(name, _read(ref, "params.yaml", cwd), _read(ref, "metrics/eval_by_split.json", cwd),
-                             _read(ref, "metrics/precompute.json", cwd), timings, base_params))
-    return rows
+        params = _read(ref, "params.yaml", cwd)
+        row = rung_row(name, params, _read(ref, "metrics/eval_by_split.json", cwd),
+                       _read(ref, "metrics/precompute.json", cwd), timings, base_params)
+        rows.append(row | {"rung": rung_of(params, rungs)})
+    order = {r.name: k for k, r in enumerate(rungs)}
+    return sorted(rows, key=lambda r: (order.get(r["rung"], len(order)), r["experiment"]))
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -177,12 +195,12 @@ def _ratio(cell: list | None, unit: str = "") -> str:
 def markdown_table(rows: list[dict[str, Any]], split: str = "test") -> str:
     """The ladder table on `split`: per experiment the three modes' synthetic accuracy with 95% intervals,
     retention and compression, and the task's size (LINE frames, computed values, tokens per example)."""
-    head = ["experiment", "explicit", "latent", "direct", "retention", "compression", "line frames/call",
+    head = ["experiment", "rung", "explicit", "latent", "direct", "retention", "compression", "line frames/call",
             "computed values/call", "tokens/ex", "sft s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         s = r.get(split, {})
-        cells = [r["experiment"], *(_acc(s.get(m)) for m in MODES), _ratio(s.get("retention")),
+        cells = [r["experiment"], r.get("rung") or "-", *(_acc(s.get(m)) for m in MODES), _ratio(s.get("retention")),
                  _ratio(s.get("compression"), "x"), _num(r["line_frames"]), _num(r["computed_values"]),
                  _num(r["tokens"], 0), _num(r["seconds"].get("sft"), 0)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -191,6 +209,11 @@ def markdown_table(rows: list[dict[str, Any]], split: str = "test") -> str:
 
 def _num(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _label(row: dict[str, Any]) -> str:
+    name = row["experiment"].removeprefix("ladder-")
+    return name if name == row.get("rung") else f"{name} ({row.get('rung') or 'no rung'})"
 
 
 def plot(rows: list[dict[str, Any]], path: Path, split: str = "test") -> None:
@@ -216,7 +239,7 @@ def plot(rows: list[dict[str, Any]], path: Path, split: str = "test") -> None:
             err[0].append(value - (lo if lo is not None else value))
             err[1].append((hi if hi is not None else value) - value)
         ax.bar(xs, ys, width, yerr=err, capsize=2, color=PALETTE[mode], label=mode, error_kw={"elinewidth": 0.8})
-    ax.set_xticks(range(len(rows)), [r["experiment"].removeprefix("ladder-") for r in rows], rotation=20, ha="right")
+    ax.set_xticks(range(len(rows)), [_label(r) for r in rows], rotation=20, ha="right")
     ax.set_ylim(0, 1)
     ax.set_ylabel(f"output accuracy, synthetic {split}")
     ax.set_title("the task ladder: accuracy per rung (95% bootstrap intervals)")
@@ -250,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("collect", help="results of the finished experiments as JSON")
     c.add_argument("--prefix", default="ladder")
     c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--head", action="store_true", help="add the committed default (git HEAD) as the row `main`")
     r = sub.add_parser("report", help="markdown table (stdout) and plot from collected results")
     r.add_argument("--data", type=Path, required=True)
     r.add_argument("--plot", type=Path)
@@ -271,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.dry_run:
                     subprocess.run(cmd, cwd=ROOT, check=True)
         elif args.command == "collect":
-            rows = collect(args.prefix)
+            rows = collect(args.prefix, head=args.head)
             args.out.write_text(json.dumps(rows, indent=1) + "\n")
             print(f"{len(rows)} experiments -> {args.out}")
         else:

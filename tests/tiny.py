@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TINY: dict[str, Any] = {
     "extract": {"sources": ["synthetic"], "workers": 2,
-                "synthetic": {"n_programs": 40, "calls_per_program": 2, "difficulty": 2, "seed": 3}},
+                # the general generator (levels 1-2, every template, unbounded values), not the default's task:
+                # the stage tests trace loops, lists, strings and dicts too
+                "synthetic": {"n_programs": 40, "calls_per_program": 2, "difficulty": 2, "templates": [],
+                              "chain_steps": [2, 4], "value_range": [-999, 999], "add_max": 9, "seed": 3}},
     "precompute": {"max_seq_len": 512, "max_frames": 64, "val_fraction": 0.15, "test_fraction": 0.15},
     "model": {"tiny": {"vocab_size": 400, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
                        "intermediate_size": 64, "max_position_embeddings": 1024}},

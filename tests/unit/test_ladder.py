@@ -81,7 +81,7 @@ def test_rung_row_reads_each_split_and_the_task_size():
     assert row["test"]["compression"] == [1.6, None, None]
     assert (row["line_frames"], row["computed_values"], row["tokens"]) == (6.1, 5.2, 240.0)
     table = markdown_table([row], "test")
-    assert "| ladder-x | 85.0% [75.0, 95.0] | 42.5% [0.0, 85.0] | 10.0% | 0.50 [0.30, 0.70] | 1.60x |" in table
+    assert "| ladder-x | - | 85.0% [75.0, 95.0] | 42.5% [0.0, 85.0] | 10.0% | 0.50 [0.30, 0.70] | 1.60x |" in table
     assert table.splitlines()[-1].endswith("| 6.1 | 5.2 | 240 | 600 |")
 
 
@@ -98,20 +98,29 @@ def test_collect_reads_finished_experiments_from_their_git_refs(tmp_path):
                               capture_output=True, text=True).stdout.strip()
 
     git("init", "-q")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"extract": {"synthetic": {"chain_steps": [2, 4]}}}))
-    git("add", "-A")
-    git("commit", "-qm", "base")
-    for name, steps, acc in (("ladder-b", [5, 7], 0.6), ("ladder-a", [3, 5], 0.9), ("other-c", [1, 1], 0.1)):
-        (tmp_path / "metrics").mkdir()
+
+    def commit(steps, acc, message):
+        (tmp_path / "metrics").mkdir(exist_ok=True)
         (tmp_path / "params.yaml").write_text(yaml.safe_dump({"extract": {"synthetic": {"chain_steps": steps}}}))
         (tmp_path / "metrics/eval_by_split.json").write_text(json.dumps(_by_split(acc)))
         (tmp_path / "metrics/precompute.json").write_text(json.dumps({}))
         (tmp_path / "metrics/sft.json").write_text(json.dumps({"train_runtime_s": 100.0}))
         git("add", "-A")
-        git("commit", "-qm", name)
+        git("commit", "-qm", message)
+
+    commit([2, 4], 0.5, "base")
+    for name, steps, acc in (("ladder-b", [5, 7], 0.6), ("ladder-a", [3, 5], 0.9), ("other-c", [1, 1], 0.1)):
+        commit(steps, acc, name)
         git("update-ref", f"refs/exps/ab/cdef/{name}", "HEAD")
         git("reset", "-q", "--hard", "HEAD~1")
-    rows = collect("ladder", tmp_path)
-    assert [r["experiment"] for r in rows] == ["ladder-a", "ladder-b"]
+    rungs = [Rung("five", "", {"extract.synthetic.chain_steps": [5, 7]}),
+             Rung("three", "", {"extract.synthetic.chain_steps": [3, 5]})]
+    rows = collect("ladder", tmp_path, rungs=rungs)
+    assert [(r["experiment"], r["rung"]) for r in rows] == [("ladder-b", "five"), ("ladder-a", "three")]
+    with_head = collect("ladder", tmp_path, head=True, rungs=rungs)
+    assert [(r["experiment"], r["rung"]) for r in with_head] == [("ladder-b", "five"), ("ladder-a", "three"),
+                                                                  ("main", None)]
+    assert with_head[2]["val"]["explicit"][0] == 0.5 and with_head[2]["params_diff"] == {}
+    rows = sorted(rows, key=lambda r: r["experiment"])
     assert rows[0]["params_diff"] == {"extract.synthetic.chain_steps": [3, 5]}
     assert rows[0]["val"]["explicit"][0] == 0.9 and rows[0]["seconds"] == {"sft": 100.0}
