@@ -194,17 +194,23 @@ def _ratio(cell: list | None, unit: str = "") -> str:
 
 def markdown_table(rows: list[dict[str, Any]], split: str = "test") -> str:
     """The ladder table on `split`: per experiment the three modes' synthetic accuracy with 95% intervals,
-    retention and compression, and the task's size (LINE frames, computed values, tokens per example)."""
+    retention and compression, the task's size (LINE frames, computed values, tokens per example), and the
+    params diff beyond the task (the rung's own knobs, `extract.synthetic.*`, are named by the rung)."""
     head = ["experiment", "rung", "explicit", "latent", "direct", "retention", "compression", "line frames/call",
-            "computed values/call", "tokens/ex", "sft s"]
+            "computed values/call", "tokens/ex", "sft s", "other params diff"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         s = r.get(split, {})
         cells = [r["experiment"], r.get("rung") or "-", *(_acc(s.get(m)) for m in MODES), _ratio(s.get("retention")),
                  _ratio(s.get("compression"), "x"), _num(r["line_frames"]), _num(r["computed_values"]),
-                 _num(r["tokens"], 0), _num(r["seconds"].get("sft"), 0)]
+                 _num(r["tokens"], 0), _num(r["seconds"].get("sft"), 0), _other_diff(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _other_diff(row: dict[str, Any]) -> str:
+    other = {k: v for k, v in row["params_diff"].items() if not k.startswith("extract.synthetic.")}
+    return ", ".join(f"`{k}={v}`" for k, v in other.items()) or "-"
 
 
 def _num(v: float | None, digits: int = 1) -> str:

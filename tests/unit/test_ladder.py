@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from codi.config import ConfigError, params_from_dict, read_yaml
-from codi.ladder import (Rung, apply_overrides, collect, load_rungs, markdown_table, plot, queue_command, rung_row,
-                         set_args)
+from codi.ladder import (Rung, apply_overrides, collect, load_rungs, markdown_table, plot, queue_command, rung_of,
+                         rung_row, set_args)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +29,7 @@ def test_the_shipped_rungs_are_valid_params_and_span_the_axes():
     steps = {tuple(r.overrides["extract.synthetic.chain_steps"]) for r in rungs
              if r.overrides.get("extract.synthetic.templates") == ["chain_const"]}
     assert len(steps) >= 2  # the dependent-steps axis
+    assert rung_of(shipped, rungs) is not None  # the committed default is a rung of its own ladder
 
 
 def _rungs_file(tmp_path, rungs):
@@ -82,7 +83,9 @@ def test_rung_row_reads_each_split_and_the_task_size():
     assert (row["line_frames"], row["computed_values"], row["tokens"]) == (6.1, 5.2, 240.0)
     table = markdown_table([row], "test")
     assert "| ladder-x | - | 85.0% [75.0, 95.0] | 42.5% [0.0, 85.0] | 10.0% | 0.50 [0.30, 0.70] | 1.60x |" in table
-    assert table.splitlines()[-1].endswith("| 6.1 | 5.2 | 240 | 600 |")
+    assert table.splitlines()[-1].endswith("| 6.1 | 5.2 | 240 | 600 | - |")
+    beyond = rung_row("abl-x", {**params, "gamma": 20.0}, _by_split(0.9), pre, {}, base)
+    assert markdown_table([beyond], "val").splitlines()[-1].endswith("| `gamma=20.0` |")
 
 
 def test_plot_writes_a_png(tmp_path):
