@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from codi.__main__ import main
 from codi.config import ConfigError
@@ -43,7 +44,9 @@ def test_a_bad_dataset_line(params, tmp_path, capsys):
 
 def test_a_missing_file(params, tmp_path, capsys):
     assert main(["--params", str(params), "evaluate", "--cache", str(tmp_path / "nocache")]) == 2
-    assert error_line(capsys) == f"error: {tmp_path / 'nocache/test.arrow'}: no such cache split (run the precompute stage)"
+    first_split = yaml.safe_load(params.read_text())["evaluate"]["splits"][0]  # evaluate reads its splits in order
+    assert error_line(capsys) == (f"error: {tmp_path / 'nocache' / f'{first_split}.arrow'}: no such cache split "
+                                  "(run the precompute stage)")
     assert main(["--params", str(params), "trace", "--source", "mbpp", "--path", str(tmp_path / "no.jsonl"),
                  "--out", str(tmp_path / "x.parquet")]) == 2
     assert error_line(capsys).startswith(f"error: {tmp_path / 'no.jsonl'}: cannot read dataset")
