@@ -1,6 +1,7 @@
 """The committed models on a fresh draw of the same task: was the default chosen on the test split by accident?
 
-    python -m codi.fresh_seed --seed 1 --programs 270 --out metrics/fresh_seed   # eval.json, eval.md, fresh_seed.json
+    python -m codi.fresh_seed --seed 1 --programs 270 --out metrics/fresh_seed   # eval.json, eval.md, fresh_seed.json,
+                                                                                  # predictions.parquet
 
 Draws `--programs` new synthetic programs with the committed `extract.synthetic` params and generator seed
 `--seed`, drops every program whose text is in the committed cache (train, val or test), traces the rest in the
@@ -81,7 +82,7 @@ def run(params_path: Path, seed: int, programs: int, out: Path, cache: Path, mod
                                                                 params.model, dropped))
         eval_params = evaluate.EvaluateParams(dataclasses.replace(params.evaluate, splits=["test"], max_examples=0))
         evaluate.run(eval_params, fresh_cache, models["sft"], models["codi"], models["sft_direct"], out,
-                     tmp / "predictions.parquet", tmp / "plots")
+                     out / "predictions.parquet", tmp / "plots")
     fresh = json.loads((out / "eval_by_split.json").read_text())["test"][SYNTHETIC]
     committed = json.loads(committed_metrics.read_text())["test"][SYNTHETIC]
     report = {"seed": seed, "programs_drawn": programs, "programs_fresh": len({s.problem_id for s in samples}),
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m codi.fresh_seed", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, required=True, help="generator seed of the fresh draw (not the committed one)")
     ap.add_argument("--programs", type=int, required=True, help="programs to draw (the test split has about 270)")
-    ap.add_argument("--out", type=Path, required=True, help="folder for eval.json, eval.md, fresh_seed.json")
+    ap.add_argument("--out", type=Path, required=True, help="folder for eval.json, eval.md, fresh_seed.json, predictions.parquet")
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--cache", type=Path, default=Path("data/cache"))
     ap.add_argument("--committed", type=Path, default=Path("metrics/eval_by_split.json"))

@@ -231,7 +231,7 @@ def plot(rows: list[dict[str, Any]], path: Path, split: str = "test") -> None:
     from codi.files import atomic_path
     from codi.report import PALETTE
 
-    fig, ax = plt.subplots(figsize=(1.6 + 1.15 * len(rows), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.6 + 1.15 * len(rows)), 4.2))  # wide enough for the title
     width = 0.8 / len(MODES)
     for k, mode in enumerate(MODES):
         xs, ys, err = [], [], [[], []]
