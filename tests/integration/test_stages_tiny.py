@@ -338,7 +338,9 @@ def test_fresh_seed_evaluates_the_committed_models_on_new_programs(ws, tmp_path)
     encoded with the committed tokenizer, evaluated by the evaluate stage; each mode's accuracy set beside
     the committed synthetic-test interval."""
     from codi.config import load_params
-    from codi.fresh_seed import committed_programs, fresh_samples, run
+    import pandas as pd
+
+    from codi.fresh_seed import MODES, committed_programs, fresh_samples, run
 
     params = load_params(ws / "params.yaml")
     seen = committed_programs(ws / "data/cache")
@@ -354,3 +356,5 @@ def test_fresh_seed_evaluates_the_committed_models_on_new_programs(ws, tmp_path)
         assert r["within_interval"] == (r["committed_lo"] <= r["fresh"] <= r["committed_hi"])
     assert report["examples"] == json.loads((tmp_path / "fresh/eval.json").read_text())["explicit"]["n"] > 0
     assert json.loads((tmp_path / "fresh/fresh_seed.json").read_text()) == report
+    predictions = pd.read_parquet(tmp_path / "fresh/predictions.parquet")  # kept: the per-example answers
+    assert set(predictions["split"]) == {"test"} and len(predictions) == report["examples"] * len(MODES)
