@@ -337,9 +337,9 @@ def test_fresh_seed_evaluates_the_committed_models_on_new_programs(ws, tmp_path)
     """codi.fresh_seed: programs of another generator seed, none of them in the committed cache, traced and
     encoded with the committed tokenizer, evaluated by the evaluate stage; each mode's accuracy set beside
     the committed synthetic-test interval."""
-    from codi.config import load_params
     import pandas as pd
 
+    from codi.config import load_params
     from codi.fresh_seed import MODES, committed_programs, fresh_samples, run
 
     params = load_params(ws / "params.yaml")
