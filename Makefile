@@ -13,9 +13,14 @@ export WANDB_SILENT := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test test-slow test-all install bench repro status compare git-repo
+.PHONY: run test test-slow test-all install install-gpu bench repro status compare git-repo
 
 install: $(STAMP)
+
+# The GPU extra (bitsandbytes: paged 8-bit AdamW, QLoRA) on top of `install`: install a CUDA torch first
+# (README, "On your GPU"), then `make install-gpu`.
+install-gpu: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,gpu]'
 
 # The stamp is rebuilt when the dependency pins change. constraints.txt pins the whole resolved
 # environment; torch==2.13.0 there matches a CPU or CUDA build alike.
