@@ -13,8 +13,10 @@ from codi.schemas.train import TrainConfig
 from codi.device import resolve_optimizer, resolve_precision, use_cuda
 
 
-def training_arguments(cfg: TrainConfig, output_dir: Path, run_name: str, has_eval: bool, **extra: Any):
-    """HF TrainingArguments for `cfg`; `extra` holds stage-specific settings that win (e.g. codi's own checkpointing)."""
+def training_arguments(cfg: TrainConfig, output_dir: Path, run_name: str, has_eval: bool, section: str = "",
+                       **extra: Any):
+    """HF TrainingArguments for `cfg` (params section `section`, named in errors); `extra` holds stage-specific
+    settings that win (e.g. codi's own checkpointing)."""
     from transformers import TrainingArguments
 
     keep_best = cfg.keep == "best" and has_eval
@@ -31,7 +33,7 @@ def training_arguments(cfg: TrainConfig, output_dir: Path, run_name: str, has_ev
         per_device_eval_batch_size=cfg.eval_batch_size,
         gradient_accumulation_steps=cfg.grad_accum,
         max_grad_norm=cfg.max_grad_norm,
-        optim=resolve_optimizer(cfg.optimizer),
+        optim=resolve_optimizer(cfg.optimizer, f"{section or 'training'}.optimizer"),
         **resolve_precision(cfg.precision),
         activation_checkpointing=cfg.gradient_checkpointing,
         seed=cfg.seed,

@@ -6,17 +6,66 @@ A batch with `loss_weights` (codi.batching, `computed_weight`) trains on sum(w *
 tokens of the whole optimizer step (every micro-batch, every rank: the weighted analogue of HF's
 num_items_in_batch), so 1 process and N with the same global batch train alike; validation always reports the
 plain CE, so val losses compare across weightings.
+
+Resume: each epoch's order is drawn from torch's CPU RNG when the epoch starts, as HF's sampler does. A run
+resumed inside epoch e starts from a fresh RNG, not the state epoch e's order was drawn from, so from the second
+epoch on it would train on another order. The sampler remembers the state it drew from and every checkpoint
+holds it (`sampler_state[_<rank>].pth`), so a resumed run draws the same order: killed at any checkpoint, on
+one process or N, it ends with the uninterrupted run's weights (tests/integration/test_training_procs.py).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import Trainer
-from transformers.trainer_pt_utils import LengthGroupedSampler
+from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
+
+
+class ResumableLengthGroupedSampler(LengthGroupedSampler):
+    """HF's LengthGroupedSampler (the same draws, so the same order as before), plus what a checkpoint needs to
+    draw the same orders again.
+
+    An epoch's order is drawn when its iterator starts, from the sampler's `generator` (accelerate gives it one
+    under N processes and keeps it across epochs) or else from torch's global CPU RNG (one process).
+    `state(at_epoch_end)` is what the checkpoint holds; `restore(state)` applies it to the next iterator, the
+    first of the resumed run: inside an epoch, that epoch's order drawn again from the state it was drawn from;
+    at an epoch's end, the next epoch's order from the generator's saved state, or from the global RNG, which the
+    Trainer restores from the checkpoint itself."""
+
+    def __init__(self, batch_size: int, lengths: list[int]):
+        super().__init__(batch_size, lengths=lengths)
+        self._draw_state: torch.Tensor | None = None      # the state the current epoch's order was drawn from
+        self._restored: dict[str, Any] | None = None
+
+    def state(self, at_epoch_end: bool) -> dict[str, Any] | None:
+        if self._draw_state is None:
+            return None
+        return {"draw_state": None if at_epoch_end else self._draw_state,
+                "generator_state": self.generator.get_state() if self.generator is not None else None}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._restored = state
+
+    def __iter__(self):
+        restored, self._restored = self._restored, None
+        if restored is not None and restored["draw_state"] is not None:
+            self._draw_state = restored["draw_state"]
+            source = torch.Generator()
+            source.set_state(self._draw_state)
+            indices = get_length_grouped_indices(self.lengths, self.batch_size, generator=source)
+            if self.generator is not None:  # it goes on from where the uninterrupted run's was after this draw
+                self.generator.set_state(source.get_state())
+        else:
+            if restored is not None and restored["generator_state"] is not None and self.generator is not None:
+                self.generator.set_state(restored["generator_state"])
+            self._draw_state = self.generator.get_state() if self.generator is not None else torch.get_rng_state()
+            indices = get_length_grouped_indices(self.lengths, self.batch_size, generator=self.generator)
+        return iter(indices)
 
 
 class LengthGroupedTrainer(Trainer):
@@ -28,6 +77,27 @@ class LengthGroupedTrainer(Trainer):
     def __init__(self, *args: Any, group_by_length: bool, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.group_by_length = group_by_length
+        self._grouped_sampler: ResumableLengthGroupedSampler | None = None
+        self._resume_from: str | None = None
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        self._resume_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _sampler_state_file(self, checkpoint: str | Path) -> Path:
+        """One per rank, named like HF's RNG files: every rank draws its order from its own RNG."""
+        rank = self.args.process_index
+        return Path(checkpoint) / ("sampler_state.pth" if self.args.world_size <= 1 else f"sampler_state_{rank}.pth")
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        # The Trainer sets state.epoch to epoch + steps done / steps in the epoch: a whole number at an epoch's end.
+        at_epoch_end = float(self.state.epoch or 0).is_integer()
+        if self._grouped_sampler is not None and (state := self._grouped_sampler.state(at_epoch_end)) is not None:
+            torch.save({**state, "epoch": self.state.epoch}, self._sampler_state_file(output_dir))
+        # Every rank's RNG and sampler files are on disk before rank 0 writes trainer_state.json, the file whose
+        # presence marks a checkpoint complete (codi.training.checkpoints).
+        self.accelerator.wait_for_everyone()
 
     def save_final(self, folder: str | Path) -> None:
         """The stage's final model folder (codi.training.loop): HF format, as a checkpoint holds it."""
@@ -69,5 +139,14 @@ class LengthGroupedTrainer(Trainer):
         # Grouped by the global batch (every rank builds the same order, and accelerate gives rank r the
         # per-device batches r, r + world, ...): each optimizer step sees the same examples on 1 process or N.
         args = self.args
-        return LengthGroupedSampler(args.train_batch_size * args.gradient_accumulation_steps * args.world_size,
-                                    lengths=ds.lengths)
+        sampler = ResumableLengthGroupedSampler(
+            args.train_batch_size * args.gradient_accumulation_steps * args.world_size, lengths=ds.lengths)
+        if self._resume_from is not None:
+            f = self._sampler_state_file(self._resume_from)
+            if f.is_file():
+                sampler.restore(torch.load(f, weights_only=True))
+            else:
+                warnings.warn(f"{f} missing: after this epoch, the resumed run's data order may differ from an "
+                              "uninterrupted run's")
+        self._grouped_sampler = sampler
+        return sampler

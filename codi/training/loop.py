@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from codi.config import ConfigError
 from codi.data import CacheDataset
+from codi.device import describe_resolution
 from codi.files import atomic_dir
 from codi.schemas.train import TrainConfig
 from codi.schemas.wandb import WandbConfig
@@ -87,8 +88,10 @@ def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> Traini
     has_eval = bool(job.trainer_kwargs.get("eval_dataset"))
     # TrainingArguments first: it sets up the distributed state everything below relies on.
     args = training_arguments(job.cfg, output_dir=paths.checkpoints, run_name=f"{experiment_name()}-{job.stage}",
-                              has_eval=has_eval, **job.args_extra)
+                              has_eval=has_eval, section=job.stage, **job.args_extra)
     is_main = args.process_index == 0
+    if is_main:
+        print(describe_resolution(job.cfg.optimizer, job.cfg.precision, job.stage), flush=True)
     with args.main_process_first(local=False, desc="checkpoint folder"):
         resume = CheckpointDir(paths.checkpoints, job.fingerprint).prepare()
     args.report_to = setup_wandb(wandb_cfg, job.stage, job.logged, is_main)

@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from codi.__main__ import main
+from codi.data import CacheDataset
+from codi.training.checkpoints import checkpoint_step
 from tests.tiny import tiny_params, write_params
 
 ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
@@ -52,18 +54,22 @@ def weights(path: Path) -> dict:
     return load_file(str(path / "model.safetensors"))
 
 
-def kill_after_first_checkpoint(ws: Path, cmd: list[str], ck: Path) -> None:
+def kill_after_first_checkpoint(ws: Path, cmd: list[str], ck: Path, min_step: int = 0) -> int:
+    """Run `cmd` and kill -9 its process group once a checkpoint of step >= min_step is complete; its step."""
     proc = subprocess.Popen([sys.executable, *cmd], cwd=ws, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 240
+    done: list[int] = []
     while time.time() < deadline and proc.poll() is None:
-        done = [p for p in ck.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+        done = [checkpoint_step(p) for p in ck.glob("checkpoint-*")
+                if (p / "trainer_state.json").is_file() and checkpoint_step(p) >= min_step]
         if done:
             os.killpg(proc.pid, signal.SIGKILL)  # kill -9, no chance to clean up
             break
         time.sleep(0.005)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    return max(done)
 
 
 @pytest.mark.parametrize("stage", ["sft", "codi"])
@@ -131,3 +137,39 @@ def test_codi_with_a_latent_curriculum_and_its_own_decoder_under_ddp_and_kill_9(
     assert "resuming from" in run(ws, cmd("cur-kill", str(ck), "curriculum.yaml")).stdout
     a, b = weights(ws / "cur-ref"), weights(ws / "cur-kill")
     assert all((a[k] == b[k]).all() for k in a), "resumed run ended with different weights"
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_kill_9_past_the_first_epoch_then_rerun_equals_an_uninterrupted_run(ws, processes):
+    """Each epoch's data order is drawn when the epoch starts: a run resumed in a later epoch must draw the order
+    the uninterrupted run drew then (the checkpoint holds the RNG state it was drawn from), inside an epoch and at
+    an epoch's end."""
+    import shutil
+
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params["sft"].update(cpu_processes=processes, max_steps=24, save_steps=2, eval_steps=12)
+    write_params(ws / f"epochs{processes}.yaml", params)
+    global_batch = params["sft"]["batch_size"] * params["sft"]["grad_accum"] * processes
+    steps_per_epoch = -(-len(CacheDataset(ws / "data/cache/train.arrow")) // global_batch)
+    assert 2 < steps_per_epoch and 2 * steps_per_epoch < 24, "the run must span more than two epochs"
+
+    def cmd(out: str) -> list[str]:
+        return [c if c != "params.yaml" else f"epochs{processes}.yaml" for c in stage_cmd("sft", out, f"ck/{out}")]
+
+    def same_weights(out: str) -> bool:
+        a, b = weights(ws / f"ep{processes}-ref"), weights(ws / out)
+        return a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+    run(ws, cmd(f"ep{processes}-ref"), timeout=400)
+    out, ck = f"ep{processes}-kill", ws / f"ck/ep{processes}-kill"
+    # Inside the second epoch: the resume draws that epoch's order again, then skips the batches already trained.
+    step = kill_after_first_checkpoint(ws, cmd(out), ck, min_step=steps_per_epoch + 1)
+    assert step < 24 and step % steps_per_epoch, f"killed at step {step}: expected inside an epoch after the first"
+    assert f"resuming from {ck.relative_to(ws)}/checkpoint-{step}" in run(ws, cmd(out), timeout=400).stdout
+    assert same_weights(out), f"resumed inside an epoch at step {step}: different weights"
+    # At the end of the second epoch (as if killed right after that checkpoint): the next epoch's order is new.
+    end = 2 * steps_per_epoch
+    for later in (p for p in ck.glob("checkpoint-*") if checkpoint_step(p) > end):
+        shutil.rmtree(later)
+    assert f"resuming from {ck.relative_to(ws)}/checkpoint-{end}" in run(ws, cmd(out), timeout=400).stdout
+    assert same_weights(out), f"resumed at the end of epoch 2 (step {end}): different weights"

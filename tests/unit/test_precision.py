@@ -25,8 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from codi import device  # noqa: E402
+from codi.config import ConfigError  # noqa: E402
 from codi.modeling.latent import PaddedRows, latent_input  # noqa: E402
+from codi.training.args import training_arguments  # noqa: E402
 from tests.codi_oracle import oracle_forward, tiny_base  # noqa: E402
+from tests.tiny import shipped  # noqa: E402
 from tests.unit.test_modeling_equivalence import (LOSS_KEYS, NEW_OPTIONS, OPTIONS, build, edge_batch,  # noqa: E402
                                                   mixed_batch, run)
 
@@ -135,3 +138,32 @@ def test_training_arguments_on_a_gpu_machine(cuda, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     kw = training_arguments(shipped("codi", precision="auto", optimizer="auto"), tmp_path, "run", has_eval=True)
     assert (kw["bf16"], kw["optim"], kw["use_cpu"], kw["ddp_backend"]) == (False, "adamw_torch", True, "gloo")
+
+
+def test_an_8bit_optimizer_without_bitsandbytes_is_an_error_naming_the_key(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import bitsandbytes` raises ImportError
+    with pytest.raises(ConfigError, match=r"sft\.optimizer = 'paged_adamw_8bit': needs bitsandbytes.*make install-gpu"):
+        device.resolve_optimizer("paged_adamw_8bit", "sft.optimizer")
+    with pytest.raises(ConfigError, match=r"codi\.optimizer = 'paged_adamw_8bit'"):
+        training_arguments(shipped("codi", optimizer="paged_adamw_8bit"), tmp_path, "run", has_eval=True,
+                           section="codi")
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    assert device.resolve_optimizer("paged_adamw_8bit", "sft.optimizer") == "paged_adamw_8bit"
+
+
+def test_a_stage_start_line_says_what_auto_resolved_to_and_why(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device.describe_resolution("auto", "auto", "sft") == (
+        "sft: optimizer adamw_torch (sft.optimizer = auto, auto: no GPU), precision fp32 (sft.precision = auto, "
+        "auto: CPU), on CPU")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H200")
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    line = device.describe_resolution("auto", "auto", "codi")
+    assert line == ("codi: optimizer adamw_torch (codi.optimizer = auto, auto: no bitsandbytes, so no 8-bit AdamW "
+                    "(make install-gpu)), precision bf16 (codi.precision = auto, auto: the GPU supports bf16), on "
+                    "CUDA (NVIDIA H200)")
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    assert "optimizer paged_adamw_8bit (codi.optimizer = auto, auto: a GPU with bitsandbytes)" in \
+        device.describe_resolution("auto", "fp32", "codi")
