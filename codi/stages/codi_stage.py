@@ -2,7 +2,7 @@
 
     python -m codi codi                      # models/sft -> models/codi; params.yaml `codi`, `alpha`, `beta`, `gamma`
     dvc exp run -S gamma=2.0                 # reruns this stage and evaluate only
-    dvc exp run -S codi.lora.r=128           # LoRA (codi.lora, docs/LORA.md): models/codi merged + projector, + adapter/
+    dvc exp run -S codi.lora.r=128           # LoRA (docs/LORA.md): models/codi merged + projector, + adapter/
 """
 
 from __future__ import annotations
