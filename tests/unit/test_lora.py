@@ -1,7 +1,7 @@
 """LoRA and QLoRA (codi.lora): what trains, the folders a LoRA stage writes, resuming, and the params' errors.
 
 Most tests use a random 2-layer Qwen2 (tests/codi_oracle.py); the last runs `python -m codi sft` and `codi`
-with LoRA on a tiny workspace, as the pipeline does (about 10 s).
+with LoRA on a tiny workspace, as the pipeline does (about 10 s alone on 2 cores).
 """
 
 from __future__ import annotations
@@ -288,8 +288,8 @@ def ws(tmp_path_factory) -> Path:
     ws = tmp_path_factory.mktemp("lora-ws")
     lora = {"r": 8, "alpha": 16.0, "dropout": 0.0}
     write_params(ws / "params.yaml", tiny_params(
-        sft={"lora": lora, "max_steps": 20, "lr": 0.01, "save_steps": 10, "eval_steps": 10, "logging_steps": 2},
-        codi={"lora": lora, "max_steps": 6, "lr": 0.01, "save_steps": 2, "eval_steps": 2}))
+        sft={"lora": lora, "max_steps": 12, "lr": 0.01, "save_steps": 6, "eval_steps": 6, "logging_steps": 2},
+        codi={"lora": lora, "max_steps": 4, "lr": 0.01, "save_steps": 2, "eval_steps": 2}))
     for stage in ("extract", "precompute"):
         assert cli(ws, stage) == 0, stage
     return ws
@@ -316,10 +316,10 @@ def test_a_tiny_lora_sft_and_codi_lower_their_losses_and_resume(ws, capsys):
     out = capsys.readouterr().out
     assert "sft: LoRA r=8:" in out
     live = json.loads((ws / "dvclive/sft/metrics.json").read_text())
-    state = json.loads((ws / "checkpoints/sft/checkpoint-20/trainer_state.json").read_text())
+    state = json.loads((ws / "checkpoints/sft/checkpoint-12/trainer_state.json").read_text())
     train, val = losses(state["log_history"], "loss"), losses(state["log_history"], "eval_loss")
     assert train[-1] < train[0] and val[-1] < val[0], (train, val)
-    assert live["step"] == 20
+    assert live["step"] == 12
     assert (ws / "models/sft/adapter/adapter_model.safetensors").is_file()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
     with torch.no_grad():
@@ -328,7 +328,7 @@ def test_a_tiny_lora_sft_and_codi_lower_their_losses_and_resume(ws, capsys):
     torch.testing.assert_close(m, u, atol=1e-5, rtol=1e-5)
 
     assert run_stage(ws, "codi") == 0
-    state = json.loads((ws / "checkpoints/codi/checkpoint-6/trainer_state.json").read_text())
+    state = json.loads((ws / "checkpoints/codi/checkpoint-4/trainer_state.json").read_text())
     student = losses(state["log_history"], "student_loss")
     assert student[-1] < student[0], student
     loaded = load_codi_model(ws / "models/codi")
@@ -337,10 +337,10 @@ def test_a_tiny_lora_sft_and_codi_lower_their_losses_and_resume(ws, capsys):
         u = load_unmerged(ws / "models/codi", base=ws / "models/sft")(input_ids=ids).logits
     torch.testing.assert_close(m, u, atol=1e-5, rtol=1e-5)
 
-    # Killed after the step-10 (sft) and step-4 (codi) checkpoints: the rerun resumes and ends where the
+    # Killed after the step-6 (sft) and step-2 (codi) checkpoints: the rerun resumes and ends where the
     # uninterrupted run ended, byte for byte.
-    for stage, last, files in (("sft", 20, ("model.safetensors", "adapter/adapter_model.safetensors")),
-                               ("codi", 6, ("model.safetensors", "thought_projector.safetensors",
+    for stage, last, files in (("sft", 12, ("model.safetensors", "adapter/adapter_model.safetensors")),
+                               ("codi", 4, ("model.safetensors", "thought_projector.safetensors",
                                             "adapter/adapter_model.safetensors"))):
         done = {f: (ws / "models" / stage / f).read_bytes() for f in files}
         shutil.rmtree(ws / f"checkpoints/{stage}/checkpoint-{last}")
