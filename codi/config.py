@@ -122,7 +122,12 @@ def build(cls: type, raw: Any, prefix: str, source: str) -> Any:
     try:
         return cls(**values)
     except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+        # A check across fields names them bare ("quantize = ..."): a nested section gets its dotted prefix,
+        # so a type used in several sections (sft.lora, codi.lora) still names the key the user wrote.
+        msg = str(e)
+        if prefix and msg.split(" ", 1)[0] in fields:
+            msg = prefix + msg
+        raise ConfigError(f"{source}: {msg}") from None
 
 
 def _type_name(tp: Any) -> str:

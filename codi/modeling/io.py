@@ -68,8 +68,11 @@ class LoadedCodi:
     config: SavedCodiConfig
 
 
-def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write `model` (base + projector), `tokenizer` and codi_config.json into `out_dir`; returns it."""
+def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra: dict[str, Any] | None = None,
+                    base: nn.Module | None = None) -> Path:
+    """Write `model` (base + projector), `tokenizer` and codi_config.json into `out_dir`; returns it.
+
+    `base`: the causal LM to write instead of `model.model` (a LoRA run's merged model, codi.lora)."""
     if not isinstance(model, CodiModel):
         raise ValueError(f"save_codi_model: expected a CodiModel (unwrap DDP with .module), got {type(model).__name__}")
     extra = dict(extra or {})
@@ -83,7 +86,7 @@ def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.model.save_pretrained(out, safe_serialization=True)
+    (base if base is not None else model.model).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     save_file({k: v.detach().contiguous().cpu() for k, v in model.projector.state_dict().items()}, str(out / PROJECTOR_FILE))
     cfg = {"format_version": FORMAT_VERSION, **dataclasses.asdict(model.options), **dataclasses.asdict(model.weights),

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from codi.config import ConfigError, option
+from codi.schemas.lora import LoraConfig
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class TrainConfig:
     cpu_processes: int = option("data-parallel CPU processes (gloo) when there is no GPU; global batch = "
                                     "batch_size x processes x grad_accum", ge=1)
     seed: int = option("seed of weights-independent randomness (data order, dropout)")
+    lora: LoraConfig = option("LoRA / QLoRA adapters instead of full fine-tuning (r = 0: off); docs/LORA.md")
 
     def __post_init__(self) -> None:
         if self.keep == "best" and self.save_steps % self.eval_steps:

@@ -2,6 +2,7 @@
 
     python -m codi codi                      # models/sft -> models/codi; params.yaml `codi`, `alpha`, `beta`, `gamma`
     dvc exp run -S gamma=2.0                 # reruns this stage and evaluate only
+    dvc exp run -S codi.lora.r=128           # LoRA (docs/LORA.md): models/codi merged + projector, + adapter/
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from codi.device import resolve_precision, set_threads
 from codi.files import write_json
 from codi.hf import load_causal_lm
 from codi.launch import maybe_relaunch
+from codi.lora import apply_lora, check_lora, load_for_lora, trainable_summary
 from codi.modeling import CodiModel
 from codi.schemas.codi import CodiConfig, TopLevelWeights
 from codi.schemas.wandb import WandbConfig
@@ -37,6 +39,7 @@ class CodiParams(TopLevelWeights):
 def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path, metrics: Path, plots: Path,
         live: Path, argv: list[str]) -> int:
     cfg = params.codi
+    check_lora(cfg.lora, "codi")
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
     import torch
@@ -52,13 +55,20 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
     tok = load_tokenizer(sft)
     check_tokenizer(tok, cache, sft)
     dtype = torch.bfloat16 if resolve_precision(cfg.precision)["bf16"] else torch.float32
-    base = load_causal_lm(sft, dtype)
+    base = load_for_lora(sft, dtype, cfg.lora) if cfg.lora.enabled else load_causal_lm(sft, dtype)
     teacher = load_causal_lm(teacher_path, dtype) if teacher_path else None
     torch.manual_seed(cfg.seed)  # the projector's initialisation: a rerun (or a resume) starts from the same one
+    run_lora = None
+    if cfg.lora.enabled:  # adapters inside the base; CodiModel wraps the same modules, the projector trains in full
+        # CodiModel checkpoints the teacher itself (non-reentrant): no input-grad hooks needed.
+        run_lora = apply_lora(base, cfg.lora, token_ids(tok), start=sft, gradient_checkpointing=False)
+        base = run_lora.model
     try:
         model = CodiModel.from_config(base, token_ids(tok), cfg, params.loss_weights, frozen_teacher=teacher)
     except ValueError as e:  # a value valid alone but not for this model (kd_layers out of range, ...)
         raise ConfigError(str(e)) from None
+    if run_lora is not None:
+        print(f"codi: LoRA r={cfg.lora.r}: {trainable_summary(model)}")
     logged = {"codi": to_dict(cfg), "alpha": params.alpha, "beta": params.beta, "gamma": params.gamma}
 
     k_acc = min(cfg.val_accuracy_samples, len(val_ds))
@@ -66,7 +76,8 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
         stage="codi", cfg=cfg, logged=logged, trainer_cls=CodiTrainer,
         trainer_kwargs=dict(model=model, train_dataset=train_ds, eval_dataset=val_ds if len(val_ds) else None,
                             data_collator=collate_examples, processing_class=tok, codi_cfg=cfg,
-                            val_answers=val_ds.column("answer")[:k_acc], record=logged),
+                            val_answers=val_ds.column("answer")[:k_acc], record=logged,
+                            **({"lora": run_lora} if run_lora is not None else {})),
         fingerprint=run_fingerprint("codi", __name__, to_dict(cfg), cache / "manifest.json",
                                     {"start_model": sft, "frozen_teacher": teacher_path},
                                     weights=[params.alpha, params.beta, params.gamma]),

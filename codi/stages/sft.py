@@ -2,6 +2,7 @@
 
     python -m codi sft | sft_direct              # models/base -> models/<stage>; params.yaml `sft` / `sft_direct`
     torchrun --nproc_per_node=2 -m codi sft      # DDP, the Trainer's own
+    dvc exp run -S sft.lora.r=16                 # LoRA (codi.lora, docs/LORA.md): models/sft merged, + adapter/
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from codi.device import set_threads
 from codi.files import write_json
 from codi.hf import load_causal_lm
 from codi.launch import maybe_relaunch
+from codi.lora import LoraTrainer, apply_lora, check_lora, load_for_lora, trainable_summary
 from codi.schemas.model import ModelConfig
 from codi.schemas.train import SftConfig, TrainConfig
 from codi.schemas.wandb import WandbConfig
@@ -41,6 +43,7 @@ class SftParams:
 def run(params: SftParams, stage: str, cache: Path, base: Path, out: Path, checkpoints: Path, metrics: Path,
         plots: Path, live: Path, argv: list[str]) -> int:
     cfg = getattr(params, stage)
+    check_lora(cfg.lora, stage)
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
     import torch
@@ -51,16 +54,23 @@ def run(params: SftParams, stage: str, cache: Path, base: Path, out: Path, check
     train_ds, val_ds = training_splits(cache)
     tok = load_tokenizer(base)
     check_tokenizer(tok, cache, base)
-    model = load_causal_lm(base, torch.float32)
+    trainer_cls, extra = LengthGroupedTrainer, {}
+    if cfg.lora.enabled:  # adapters on a frozen base; the final folder is still a plain (merged) HF model
+        run_lora = apply_lora(load_for_lora(base, torch.float32, cfg.lora), cfg.lora, token_ids(tok), start=base,
+                              gradient_checkpointing=cfg.gradient_checkpointing)
+        model, trainer_cls, extra = run_lora.peft, LoraTrainer, {"lora": run_lora}
+        print(f"{stage}: LoRA r={cfg.lora.r}: {trainable_summary(model)}")
+    else:
+        model = load_causal_lm(base, torch.float32)
 
     job = TrainingJob(
         stage=stage, cfg=cfg, logged={stage: to_dict(cfg), "model": to_dict(params.model)},
-        trainer_cls=LengthGroupedTrainer,
+        trainer_cls=trainer_cls,
         trainer_kwargs=dict(model=model, train_dataset=train_ds, eval_dataset=val_ds if len(val_ds) else None,
                             data_collator=CausalLMCollator(tok.pad_token_id, TARGET[stage], computed_weight=(
                                 cfg.computed_weight if isinstance(cfg, SftConfig) else 1.0), ids=token_ids(tok)),
                             processing_class=tok,
-                            group_by_length=cfg.group_by_length),
+                            group_by_length=cfg.group_by_length, **extra),
         fingerprint=run_fingerprint(stage, __name__, to_dict(cfg), cache / "manifest.json", {"start_model": base}),
         args_extra={"include_num_input_tokens_seen": "non_padding"})
     done = train(job, StagePaths(out=out, checkpoints=checkpoints, live=live), params.wandb)

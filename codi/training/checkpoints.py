@@ -123,14 +123,17 @@ def checkpoint_problem(ckpt: Path, extra_files: tuple[str, ...] = ()) -> str | N
     """Why `ckpt` cannot be resumed from (None if it can): missing or truncated files.
 
     HF's get_last_checkpoint takes the highest number without looking; a kill during a save leaves a folder
-    that makes the resume crash. torch.save files are zip archives; safetensors files carry their header length."""
+    that makes the resume crash. torch.save files are zip archives; safetensors files carry their header length.
+    A LoRA run's checkpoint (adapter_config.json present) holds the adapter's weights instead of the model's
+    config: adapter_model.safetensors is its model weights (codi.lora)."""
     try:
         state = json.loads((ckpt / "trainer_state.json").read_text())
     except (OSError, ValueError):
         return "trainer_state.json missing or unreadable"
     if state.get("global_step") != checkpoint_step(ckpt):
         return f"trainer_state.json says step {state.get('global_step')}"
-    for name in ("config.json", *extra_files):
+    adapter = (ckpt / "adapter_config.json").is_file()
+    for name in ("adapter_model.safetensors" if adapter else "config.json", *extra_files):
         if not (ckpt / name).is_file():
             return f"{name} missing"
     weights = list(ckpt.glob("*.safetensors"))

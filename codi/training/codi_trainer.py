@@ -19,6 +19,7 @@ import torch
 from codi.answers import answers_match
 from codi.schemas.codi import CodiConfig
 from codi.decoding import iter_decode
+from codi.lora import ADAPTER_DIR, LoraRun
 from codi.modeling import CodiOptions, save_codi_model, ss_ramp
 from codi.modeling.io import PROJECTOR_FILE
 from codi.modeling.plan import latent_share
@@ -62,22 +63,26 @@ def save_recon_decoder(model, folder: str | Path) -> None:
         save_file(_tied_state(model.recon_model), str(Path(folder) / RECON_FILE))
 
 
-def load_codi_weights(model, ckpt: str | Path) -> None:
+def load_codi_weights(model, ckpt: str | Path, lora: LoraRun | None = None) -> None:
     """Load the base weights and the projector that save_codi_model wrote into an existing CodiModel (and the
-    auxiliary reconstruction decoder of a checkpoint, which a model with one requires)."""
+    auxiliary reconstruction decoder of a checkpoint, which a model with one requires). Under LoRA (`lora`)
+    the base's trainable part is the adapter a LoRA checkpoint holds (CodiTrainer._save)."""
     from safetensors.torch import load_file
 
     ckpt = Path(ckpt)
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(ckpt.glob("model*.safetensors")):
-        state.update(load_file(str(f)))
-    result = model.model.load_state_dict(state, strict=False)
-    tied = ({k for k in result.missing_keys if k.endswith("lm_head.weight")}
-            if model.model.config.tie_word_embeddings else set())
-    if set(result.missing_keys) - tied or result.unexpected_keys:
-        raise ValueError(f"{ckpt}: weights do not match the model (missing {sorted(set(result.missing_keys) - tied)[:3]}, "
-                         f"unexpected {result.unexpected_keys[:3]})")
-    model.model.tie_weights()
+    if lora is not None:
+        lora.load_adapter_state(ckpt)
+    else:
+        state: dict[str, torch.Tensor] = {}
+        for f in sorted(ckpt.glob("model*.safetensors")):
+            state.update(load_file(str(f)))
+        result = model.model.load_state_dict(state, strict=False)
+        tied = ({k for k in result.missing_keys if k.endswith("lm_head.weight")}
+                if model.model.config.tie_word_embeddings else set())
+        if set(result.missing_keys) - tied or result.unexpected_keys:
+            raise ValueError(f"{ckpt}: weights do not match the model (missing "
+                             f"{sorted(set(result.missing_keys) - tied)[:3]}, unexpected {result.unexpected_keys[:3]})")
+        model.model.tie_weights()
     model.projector.load_state_dict(load_file(str(ckpt / PROJECTOR_FILE)))
     if model.recon_model is not None:
         if not (ckpt / RECON_FILE).is_file():
@@ -102,8 +107,9 @@ class CodiTrainer(LengthGroupedTrainer):
       the experiment and `record` (the params the run was trained with) in codi_config.json's `extra`."""
 
     def __init__(self, *args: Any, codi_cfg: CodiConfig, val_answers: list[str], record: dict[str, Any],
-                 **kwargs: Any):
+                 lora: LoraRun | None = None, **kwargs: Any):
         super().__init__(*args, group_by_length=codi_cfg.group_by_length, **kwargs)
+        self.lora = lora  # a LoRA run (codi.lora): its adapters live inside the model's base
         self.codi_cfg = codi_cfg
         self.val_answers = val_answers
         self.record = record
@@ -191,20 +197,34 @@ class CodiTrainer(LengthGroupedTrainer):
         return sum(answers_match(r.answer, truth) for r, truth in zip(results, self.val_answers)) / k
 
     def save_final(self, folder: str | Path) -> None:
-        """A codi model folder of the model as it is now (the final model; the core of a checkpoint)."""
+        """A codi model folder of the model as it is now (the final model; the core of a checkpoint). Under LoRA:
+        the merged base + projector (what load_codi_model and evaluate read), the adapter in `adapter/`."""
+        merged = None
+        if self.lora is not None:
+            merged = self.lora.merged(self.lora.save_adapter(Path(folder) / ADAPTER_DIR))
         save_codi_model(self.accelerator.unwrap_model(self.model), self.processing_class, folder,
-                        extra={"step": self.state.global_step, "experiment": experiment_name(), "params": self.record})
+                        extra={"step": self.state.global_step, "experiment": experiment_name(), "params": self.record},
+                        base=merged)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         if not self.args.should_save:
             return
         output_dir = output_dir or self.args.output_dir
-        self.save_final(output_dir)
-        save_recon_decoder(self.accelerator.unwrap_model(self.model), output_dir)  # what a resume needs besides
+        core = self.accelerator.unwrap_model(self.model)
+        if self.lora is None:
+            self.save_final(output_dir)
+        else:  # a LoRA checkpoint: the adapter (not a merged copy of the frozen base), projector, tokenizer
+            from safetensors.torch import save_file
+
+            self.lora.save_adapter(output_dir)
+            save_file({k: v.detach().contiguous().cpu() for k, v in core.projector.state_dict().items()},
+                      os.path.join(output_dir, PROJECTOR_FILE))
+            self.processing_class.save_pretrained(output_dir)
+        save_recon_decoder(core, output_dir)  # what a resume needs besides
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        load_codi_weights(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint)
+        load_codi_weights(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint, self.lora)
 
     def _load_best_model(self) -> None:
-        load_codi_weights(self.accelerator.unwrap_model(self.model), self.state.best_model_checkpoint)
+        load_codi_weights(self.accelerator.unwrap_model(self.model), self.state.best_model_checkpoint, self.lora)
