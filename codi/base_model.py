@@ -24,16 +24,45 @@ from codi.tokens import EOS, PAD, TRACE_TOKENS, add_trace_tokens
 
 SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD, *TRACE_TOKENS)
 BYTE_ALPHABET = 256
+BASE_MODELS_DIR = "base_models"  # precompute's DVC dependency (dvc.yaml): a local model.base belongs here
+
+
+def is_pinned_revision(revision: str) -> bool:
+    """A full commit sha: the one kind of hub revision that names the same files forever."""
+    return len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
+
+
+def source_warnings(cfg: ModelConfig, root: str | Path = ".") -> list[str]:
+    """What makes a result from `cfg.base` unreproducible or possibly stale (empty for the tiny default)."""
+    if cfg.base == "tiny":
+        return []
+    if is_local_path(cfg.base):
+        path = Path(os.path.expanduser(cfg.base))
+        inside = (Path(root) / BASE_MODELS_DIR).resolve()
+        if inside == path.resolve() or inside in path.resolve().parents:
+            return []
+        return [f"model.base = {cfg.base!r} is outside {BASE_MODELS_DIR}/, so DVC does not hash it: replacing its "
+                f"weights will NOT rerun precompute and the stages after it (a stale result is possible). Move or "
+                f"copy it into {BASE_MODELS_DIR}/ ({BASE_MODELS_DIR}/README.md)"]
+    if not is_pinned_revision(cfg.revision):
+        return [f"model.base = {cfg.base!r} at model.revision = {cfg.revision!r} is NOT pinned: the hub can change "
+                f"the files under that name, and the run is not reproducible. Set model.revision to a commit sha"]
+    return []
 
 
 def is_local_path(base: str) -> bool:
     """A `model.base` that names a folder rather than a hub id (`org/name`)."""
-    return base.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(base)) or base.count("/") > 1
+    return (base.startswith((".", "/", "~", BASE_MODELS_DIR + "/")) or os.path.exists(os.path.expanduser(base))
+            or base.count("/") > 1)
 
 
 def check_model_source(cfg: ModelConfig) -> None:
     """Fail before any work when `model.base` cannot be loaded: missing folder, unreadable config,
-    vocabulary too small, or a hub id that is neither cached nor reachable."""
+    vocabulary too small, or a hub id that is neither cached nor reachable. Warn loudly where the result
+    could be stale or unreproducible (`source_warnings`); an unpinned hub id's warning names the commit
+    it resolved to, ready to pin."""
+    for warning in source_warnings(cfg):
+        print(f"WARNING: {warning}", flush=True)
     if cfg.base == "tiny":
         need = BYTE_ALPHABET + len(SPECIAL_TOKENS) + 1
         if cfg.tiny.vocab_size < need:
@@ -57,12 +86,15 @@ def check_model_source(cfg: ModelConfig) -> None:
 
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     try:
-        hf_hub_download(cfg.base, "config.json", revision=cfg.revision, local_files_only=offline)
+        config = hf_hub_download(cfg.base, "config.json", revision=cfg.revision, local_files_only=offline)
     except LocalEntryNotFoundError:
         raise ConfigError(f"model.base = {cfg.base!r}: a hub id, but the hub cannot be reached (offline?) and the "
                           f"model is not in the local Hugging Face cache; download it first or name a local folder") from None
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ConfigError(f"model.base = {cfg.base!r}: cannot resolve it on the hub: {e}") from None
+    if not is_pinned_revision(cfg.revision):  # the cache lays files out as snapshots/<commit sha>/<file>
+        print(f"WARNING: model.revision = {cfg.revision!r} resolves to commit {Path(config).parent.name} today: "
+              f"pin it with `dvc exp run -S model.revision={Path(config).parent.name}` or in params.yaml", flush=True)
 
 
 def train_tiny_tokenizer(texts: Iterable[str], cfg: TinyModelConfig):
