@@ -6,12 +6,20 @@
 A rerun with the same fingerprint (after a kill) resumes; any change (params, cache, a starting model, the
 code the stage imports, the torch/transformers versions) refuses to resume, says what changed, and starts
 from step 0: a checkpoint is never continued under other data, model, hyperparameters or code.
+
+    root = checkpoint_root(Path("checkpoints/sft"), "sft", fingerprint)   # where that folder is
+
+A DVC experiment run with `--temp`, from the queue, or by the experiments flow runs in a temporary copy of the
+repository (`<repo>/.dvc/tmp/exps/tmp*`) that a kill leaves behind and the next run does not reuse: its
+checkpoints live in the repository's own `checkpoints/exps/<stage>-<fingerprint digest>/`, where the rerun of
+the same experiment (same params, data and code: the same fingerprint) finds them and resumes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import zipfile
 from dataclasses import dataclass
@@ -49,6 +57,27 @@ def run_fingerprint(stage: str, stage_module: str, params: dict[str, Any], cache
         "code": code_digest(stage_code_files(stage_module)),
         "libraries": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
+
+
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def dvc_temp_copy_repo(cwd: Path) -> Path | None:
+    """The repository whose DVC experiment runs in the temporary copy `cwd`, or None (not such a copy)."""
+    parts = cwd.resolve().parts
+    for i in range(1, len(parts) - 3):
+        if parts[i:i + 3] == (".dvc", "tmp", "exps") and parts[i + 3].startswith("tmp"):
+            return Path(*parts[:i])
+    return None
+
+
+def checkpoint_root(requested: Path, stage: str, fingerprint: dict[str, Any], cwd: Path | None = None) -> Path:
+    """`requested`, or in a DVC experiment's temporary copy, a folder of the repository that outlives it."""
+    repo = dvc_temp_copy_repo(Path(cwd) if cwd is not None else Path(os.getcwd()))
+    if repo is None:
+        return Path(requested)
+    return repo / "checkpoints" / "exps" / f"{stage}-{fingerprint_digest(fingerprint)}"
 
 
 def describe_change(key: str, old: Any, new: Any) -> str:

@@ -10,6 +10,7 @@ stage gets a TrainingRun, not the trainer.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from codi.files import atomic_dir
 from codi.schemas.train import TrainConfig
 from codi.schemas.wandb import WandbConfig
 from codi.training.args import training_arguments
-from codi.training.checkpoints import CheckpointDir, checkpoint_step
+from codi.training.checkpoints import CheckpointDir, checkpoint_root, checkpoint_step
 from codi.training.tracking import LiveMetrics, experiment_name, finish_wandb, setup_wandb
 
 
@@ -86,14 +87,19 @@ def training_splits(cache: Path) -> tuple[CacheDataset, CacheDataset]:
 
 def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> TrainingRun:
     has_eval = bool(job.trainer_kwargs.get("eval_dataset"))
+    ck_root = checkpoint_root(paths.checkpoints, job.stage, job.fingerprint)
+    in_temp_copy = ck_root != Path(paths.checkpoints)
     # TrainingArguments first: it sets up the distributed state everything below relies on.
-    args = training_arguments(job.cfg, output_dir=paths.checkpoints, run_name=f"{experiment_name()}-{job.stage}",
+    args = training_arguments(job.cfg, output_dir=ck_root, run_name=f"{experiment_name()}-{job.stage}",
                               has_eval=has_eval, section=job.stage, **job.args_extra)
     is_main = args.process_index == 0
     if is_main:
         print(describe_resolution(job.cfg.optimizer, job.cfg.precision, job.stage), flush=True)
+        if in_temp_copy:
+            print(f"{job.stage}: checkpoints in {ck_root} (this DVC experiment's temporary copy would not outlive a "
+                  "kill; a rerun of the same experiment resumes from there)", flush=True)
     with args.main_process_first(local=False, desc="checkpoint folder"):
-        resume = CheckpointDir(paths.checkpoints, job.fingerprint).prepare()
+        resume = CheckpointDir(ck_root, job.fingerprint).prepare()
     args.report_to = setup_wandb(wandb_cfg, job.stage, job.logged, is_main)
     session = SessionStart()
     callbacks = [session] + ([LiveMetrics(paths.live, checkpoint_step(resume) if resume else None)] if is_main else [])
@@ -105,6 +111,8 @@ def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> Traini
     if is_main:
         with atomic_dir(paths.out) as tmp:
             trainer.save_final(tmp)
+        if in_temp_copy:  # finished: the experiment holds the model, nothing is left to resume
+            shutil.rmtree(ck_root, ignore_errors=True)
     state = trainer.state
     return TrainingRun(is_main=is_main, model=trainer.accelerator.unwrap_model(trainer.model), steps=state.global_step,
                        world_size=trainer.args.world_size, history=state.log_history, best_metric=state.best_metric,

@@ -61,7 +61,7 @@ def kill_after_first_checkpoint(ws: Path, cmd: list[str], ck: Path, min_step: in
     deadline = time.time() + 240
     done: list[int] = []
     while time.time() < deadline and proc.poll() is None:
-        done = [checkpoint_step(p) for p in ck.glob("checkpoint-*")
+        done = [checkpoint_step(p) for p in ck.rglob("checkpoint-*")
                 if (p / "trainer_state.json").is_file() and checkpoint_step(p) >= min_step]
         if done:
             os.killpg(proc.pid, signal.SIGKILL)  # kill -9, no chance to clean up
@@ -173,3 +173,30 @@ def test_kill_9_past_the_first_epoch_then_rerun_equals_an_uninterrupted_run(ws, 
         shutil.rmtree(later)
     assert f"resuming from {ck.relative_to(ws)}/checkpoint-{end}" in run(ws, cmd(out), timeout=400).stdout
     assert same_weights(out), f"resumed at the end of epoch 2 (step {end}): different weights"
+
+
+def test_a_killed_run_in_a_dvc_experiments_temporary_copy_resumes_in_the_next_copy(ws):
+    """`dvc exp run --temp` and the queue run in <repo>/.dvc/tmp/exps/tmp*, which the next run does not reuse:
+    the checkpoints live in the repository's checkpoints/exps/, found again by the run's fingerprint."""
+    import shutil
+
+    def temp_copy(name: str) -> Path:
+        copy = ws / ".dvc/tmp/exps" / name
+        for part in ("params.yaml", "data/cache", "models/base"):
+            (copy / part).parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if (ws / part).is_dir() else shutil.copy)(ws / part, copy / part)
+        return copy
+
+    run(ws, stage_cmd("sft", "tmp-ref", "ck/tmp-ref"))
+    first = temp_copy("tmpfirst")
+    kill_after_first_checkpoint(first, stage_cmd("sft", "out", "checkpoints/sft"), ws / "checkpoints/exps")
+    [kept] = list((ws / "checkpoints/exps").glob("sft-*"))
+    assert any(kept.glob("checkpoint-*")) and not (first / "checkpoints").exists()
+    shutil.rmtree(first)
+    second = temp_copy("tmpsecond")
+    proc = run(second, stage_cmd("sft", "out", "checkpoints/sft"))
+    assert f"resuming from {kept}/checkpoint-" in proc.stdout
+    a, b = weights(ws / "tmp-ref"), weights(second / "out")
+    assert all((a[k] == b[k]).all() for k in a), "the resumed experiment ended with different weights"
+    assert not kept.exists()  # finished: nothing left to resume
+

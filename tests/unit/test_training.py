@@ -206,3 +206,15 @@ def test_the_refusal_names_what_changed_in_words(tmp_path, capsys):
     assert "the stage's params changed (lr: 0.001 -> 0.002)" in out
     assert "the loss weights alpha, beta, gamma changed ([1.0, 1.0, 1.0] -> [1.0, 1.0, 2.0])" in out
     assert "a different" not in out
+
+
+def test_checkpoint_root_outside_and_inside_a_temporary_copy(tmp_path):
+    from codi.training.checkpoints import checkpoint_root, dvc_temp_copy_repo
+
+    fp = {"stage": "sft", "params": {"lr": 1.0}}
+    assert checkpoint_root(Path("checkpoints/sft"), "sft", fp, cwd=tmp_path) == Path("checkpoints/sft")
+    copy = tmp_path / "repo/.dvc/tmp/exps/tmpab12"
+    assert dvc_temp_copy_repo(copy) == tmp_path / "repo"
+    root = checkpoint_root(Path("checkpoints/sft"), "sft", fp, cwd=copy)
+    assert root.parent == tmp_path / "repo/checkpoints/exps" and root.name.startswith("sft-")
+    assert root != checkpoint_root(Path("checkpoints/sft"), "sft", {**fp, "params": {"lr": 2.0}}, cwd=copy)
