@@ -24,8 +24,9 @@ install-gpu: $(STAMP)
 
 # The wheels benchmarks/gpu_check.sh installs offline on a GPU machine that reaches no network (docs/GPU.md):
 # exactly the packages it needs there and lacks, at constraints.txt's versions, for CPython 3.12 manylinux
-# x86_64, into .whl/ (git-ignored). Everything else the check runs without (dvc, dvclive, wandb, prefect, dask).
-GPU_WHEELS := bitsandbytes
+# x86_64, into .whl/ (git-ignored): bitsandbytes (absent there) and transformers (there 5.17, which lacks what the
+# stages use). Everything else the check runs without (dvc, dvclive, wandb, prefect, dask).
+GPU_WHEELS := bitsandbytes transformers
 WHEEL_DIR := .whl
 gpu-wheels:
 	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)

@@ -10,8 +10,8 @@
 # section, so a run cut short still leaves them. The device returns them from $OUT.
 # Sections (each timed, each with its own time limit, every limit also capped by what is left of --budget; a
 # failed section is recorded and the next one still runs):
-#   header   python / torch / CUDA / GPU / driver / transformers versions, git commit
-#   wheels   the wheels in .whl/ (make gpu-wheels: bitsandbytes) installed offline into a scratch --target
+#   wheels   the wheels in .whl/ (make gpu-wheels: bitsandbytes, transformers) installed offline into a scratch --target
+#   header   python / torch / CUDA / GPU / driver / transformers / accelerate ... versions (the wheels' included)
 #   bnb      bitsandbytes importable: paged 8-bit AdamW (CUDA only)
 #   a        benchmarks/bench_codi_model.py --device cuda --batch 32 --dtype bf16: the batched CodiModel against
 #            the per-example oracle; target >= 20x the oracle's examples/s, losses equal within bf16's 4u
@@ -160,9 +160,25 @@ section() {  # section NAME LIMIT_S CMD...: run CMD with a time limit (capped by
 }
 smi_note() { [[ -s "$TMP/smi_$1" ]] && echo "${2:-}nvidia-smi peak $(cat "$TMP/smi_$1") MiB" || true; }
 
-# --------------------------------------------------------------------------------------------- header
-say "=== [header] gpu_check.sh --device $DEVICE$([[ $TINY == 1 ]] && echo ' --tiny (dry run: tiny shapes)') --budget $BUDGET"
+# --------------------------------------------------------------------------------------------- wheels
+# pip's own recipe for an offline machine (docs/GPU.md): no index, no deps (the wheels' needs are there). The
+# scratch --target goes on PYTHONPATH, ahead of the machine's own packages (its transformers 5.17 lacks what
+# TrainingArguments gets here: constraints.txt's 5.24.0 travels).
+say "=== gpu_check.sh --device $DEVICE$([[ $TINY == 1 ]] && echo ' --tiny (dry run: tiny shapes)') --budget $BUDGET"
 write_meta false
+shopt -s nullglob
+WHEELS=("$WHEEL_DIR"/*.whl)
+shopt -u nullglob
+if ((${#WHEELS[@]} > 0)); then
+  section wheels 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$TMP/site" "${WHEELS[@]}"
+  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$TMP/site"
+else
+  record wheels SKIP 0.0 "" "no wheels in $WHEEL_DIR (make gpu-wheels)"
+fi
+
+# --------------------------------------------------------------------------------------------- header
+say "=== [header] versions (after the wheels: what the sections below run with)"
 t0=$(date +%s.%N)
 set +e
 "$PY" - "$DEVICE" "$NUM/header.json" << 'EOF' 2>&1 | tee -a "$LOG"
@@ -196,19 +212,6 @@ if [[ $HAVE_SMI == 1 ]]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 | tee -a "$LOG" || true
 fi
 if [[ $rc == 0 ]]; then record header PASS "$(elapsed "$t0")" "" ""; else record header FAIL "$(elapsed "$t0")" "" "torch/CUDA not usable"; fi
-
-# --------------------------------------------------------------------------------------------- wheels
-# pip's own recipe for an offline machine (docs/GPU.md): no index, no deps (the wheels' needs are there).
-shopt -s nullglob
-WHEELS=("$WHEEL_DIR"/*.whl)
-shopt -u nullglob
-if ((${#WHEELS[@]} > 0)); then
-  section wheels 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$TMP/site" "${WHEELS[@]}"
-  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$TMP/site"
-else
-  record wheels SKIP 0.0 "" "no wheels in $WHEEL_DIR (make gpu-wheels)"
-fi
 
 # ------------------------------------------------------------------------------------- bitsandbytes
 OPTIM=adamw_torch

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 WHAT = {
-    "header": "versions: python, torch, CUDA, GPU, driver, transformers, git commit",
     "wheels": "offline install of the carried wheels (.whl/, make gpu-wheels)",
+    "header": "versions: python, torch, CUDA, GPU, driver, transformers, accelerate, peft",
     "bnb": "bitsandbytes importable: paged 8-bit AdamW",
     "a": "batched CodiModel vs the per-example oracle (bench_codi_model.py)",
     "c": "100 codi steps at the Qwen2.5-Coder-0.5B shape (bench_memory.py)",

@@ -22,7 +22,7 @@ from codi.config import ConfigError, load_params, read_yaml
 from codi.profile import dvc_command, load_profile, make_params
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ["header", "wheels", "bnb", "a", "c", "d", "profile"]
+SECTIONS = ["wheels", "header", "bnb", "a", "c", "d", "profile"]
 STAGES = ["extract", "precompute", "sft", "sft_direct", "codi", "evaluate"]
 
 
