@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = round(time.perf_counter() - t0, 1)
         result["stages"][name] = {"seconds": seconds, "exit_status": rc}
         print(f"--- stage {name}: exit status {rc} in {seconds} s", flush=True)
+        write()  # a run cut short by its time limit still leaves the stages it finished
         if rc != 0:
             result["failed"] = f"stage {name}: exit status {rc}"
             break
