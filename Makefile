@@ -13,7 +13,7 @@ export WANDB_SILENT := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test test-slow test-all install install-gpu bench repro status compare git-repo
+.PHONY: run test test-slow test-all install install-gpu gpu-wheels gpu-check-dry bench repro status compare git-repo
 
 install: $(STAMP)
 
@@ -21,6 +21,25 @@ install: $(STAMP)
 # (README, "On your GPU"), then `make install-gpu`.
 install-gpu: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,gpu]'
+
+# The wheels benchmarks/gpu_check.sh installs offline on a GPU machine that reaches no network (docs/GPU.md):
+# exactly the packages it needs there and lacks, at constraints.txt's versions, for CPython 3.12 manylinux
+# x86_64, into .whl/ (git-ignored): bitsandbytes (absent there) and transformers (there 5.17, which lacks what the
+# stages use). Everything else the check runs without (dvc, dvclive, wandb, prefect, dask).
+GPU_WHEELS := bitsandbytes transformers
+WHEEL_DIR := .whl
+gpu-wheels:
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	$(or $(wildcard $(BIN)/python),python3) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  --platform manylinux1_x86_64 -d $(WHEEL_DIR) \
+	  $$(for w in $(GPU_WHEELS); do grep -m1 -E "^$$w==" constraints.txt || { echo "error: $$w is not pinned in constraints.txt" >&2; exit 1; }; done)
+	@ls -l $(WHEEL_DIR); du -cb $(WHEEL_DIR)/*.whl | tail -1 | awk '{ printf "wheels: %.1f MiB together\n", $$1 / 1048576 }'
+
+# The GPU check's CPU dry run: every section at tiny shapes, the GPU profile through the stages (~3 min on 2 cores).
+gpu-check-dry: $(STAMP)
+	bash benchmarks/gpu_check.sh --device cpu --tiny
 
 # The stamp is rebuilt when the dependency pins change. constraints.txt pins the whole resolved
 # environment; torch==2.13.0 there matches a CPU or CUDA build alike.

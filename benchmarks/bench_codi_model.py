@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import json
 import random
 import sys
 import threading
@@ -178,6 +179,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--params", type=Path, default=Path(__file__).resolve().parents[1] / "params.yaml",
                     help="the model shape is this file's model.tiny section")
+    ap.add_argument("--json", type=Path, help="also write the rows, the loss tolerance and the checks here")
+    ap.add_argument("--min-speedup", type=float, default=0.0,
+                    help="target: batched ex/s >= this x the oracle's in every cell (recorded in --json; 0: none)")
     ap.add_argument("--no-teacher-checkpointing", action="store_true",
                     help="batched model without activation checkpointing of its teacher pass "
                          "(codi.gradient_checkpointing: false; the oracle always checkpoints, like the reference)")
@@ -221,6 +225,23 @@ def main(argv=None):
             del model, base
             gc.collect()
 
+    # Losses equal within the dtype's tolerance (tests/unit/test_precision.py): bf16 never further than 4u
+    # (u = 2^-8) apart; fp32 1e-4 (summation order only).
+    tol = 4 * 2.0 ** -8 if args.dtype == "bf16" else 1e-4
+    for r in rows:
+        if "diff" in r:
+            r["within_tol"] = r["diff"] <= tol
+    if args.json:
+        checks = {}
+        if not args.no_oracle:
+            checks["loss_rel_diff_max"] = max(r["diff"] for r in rows)
+            checks["losses_equal"] = checks["loss_rel_diff_max"] <= tol
+            checks["speedup_min"] = min(r["b_eps"] / r["o_eps"] for r in rows)
+            if args.min_speedup:
+                checks["speedup_target"] = args.min_speedup
+                checks["speedup_met"] = checks["speedup_min"] >= args.min_speedup
+        args.json.write_text(json.dumps({"device": str(device), "dtype": args.dtype, "batch": args.batch,
+                                         "shape": shape, "loss_tolerance": tol, "rows": rows, **checks}, indent=2))
     mem = "peak CUDA MB" if device.type == "cuda" else "peak RSS MB"
     if args.no_oracle:
         print(f"\n| LINE frames | latent_steps | tokens/ex | batched ex/s | batched {mem} | calls/batch |")
@@ -243,4 +264,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    measured = main()
+    # losses that differ beyond the tolerance fail the run (gpu_check.sh records it)
+    sys.exit(0 if all(r.get("within_tol", True) for r in measured) else 1)

@@ -26,8 +26,14 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from distributed import Client, LocalCluster, WorkerPlugin, as_completed, get_worker
+try:
+    from distributed import Client, LocalCluster, WorkerPlugin, as_completed, get_worker
+    DASK_MISSING: ImportError | None = None
+except ImportError as e:  # only the dask executor needs it: without Dask (a bare GPU machine) extract runs locally
+    DASK_MISSING = e
+    WorkerPlugin = object
 
+from codi.config import ConfigError
 from codi.schemas.extract import DaskConfig, ExtractConfig, SandboxConfig, TraceConfig
 from codi.sources.base import Sample
 from codi.tracing.sandbox import TracerPool, TraceResult
@@ -165,6 +171,9 @@ def open_tracer(cfg: ExtractConfig) -> Iterator[Tracer]:
         with TracerPool(cfg.trace, cfg.sandbox, cfg.workers) as pool:
             yield pool
         return
+    if DASK_MISSING is not None:
+        raise ConfigError(f"extract.executor = dask, but Dask's distributed is not importable ({DASK_MISSING}): "
+                          "install dask[distributed], or set extract.executor: local")
     workers = cfg.workers if cfg.dask.address else local_pool_size(cfg.workers, cfg.dask.local_workers)
     with dask_client(cfg.dask, TracerPoolPlugin(cfg.trace, cfg.sandbox, workers)) as client:
         yield DaskTracer(client, cfg.dask.shard_size)

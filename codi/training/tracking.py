@@ -6,18 +6,39 @@
 
 dvclive writes `<dir>/metrics.json` and `<dir>/plots/metrics/**.tsv` at every logging step, keyed by the
 optimizer step, so `dvc exp show` and `dvc plots show` see a run in progress.
+
+Either target can be off, and then its package is never imported (a GPU machine without dvc, dvclive or
+wandb, such as benchmarks/gpu_check.sh's, trains all the same): wandb with `wandb.mode: disabled` or
+WANDB_MODE=disabled, dvclive with CODI_DVCLIVE=off. The stage says at its start what it does not log and why. A
+target that is on but whose package is missing stops the stage before training, naming the switch.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
 from transformers.integrations import DVCLiveCallback
 
+from codi.config import UserError
 from codi.schemas.wandb import WandbConfig
+
+DVCLIVE_SWITCH = "CODI_DVCLIVE"  # "off": no dvclive files (not a param: where logs go never retrains)
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def note(message: str) -> None:
+    """One line on stderr at a stage's start: what it does not log, and why."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def experiment_name() -> str:
@@ -30,9 +51,17 @@ def setup_wandb(cfg: WandbConfig, stage: str, config: dict[str, Any], is_main: b
 
     One run per training stage per DVC experiment, named `<experiment>-<stage>`, grouped by the experiment,
     with the params the stage read as its config. WANDB_MODE in the environment wins over params."""
-    mode = os.environ.get("WANDB_MODE") or cfg.mode
+    env = os.environ.get("WANDB_MODE")
+    mode = env or cfg.mode
     if mode == "disabled":
+        if is_main:
+            why = "WANDB_MODE=disabled in the environment" if env else "params wandb.mode = disabled"
+            note(f"wandb is off ({why}): this {stage} run logs to no wandb run")
         return []
+    if not _installed("wandb"):
+        raise UserError(f"wandb.mode = {mode}{' (WANDB_MODE)' if env else ''}, but the wandb package is not installed: "
+                        "install it (pip install wandb), or turn wandb off with `wandb.mode: disabled` in the params "
+                        "file or WANDB_MODE=disabled")
     if not is_main:
         return ["wandb"]  # the HF callback only logs on the main process
     os.environ["WANDB_MODE"] = mode
@@ -65,13 +94,39 @@ NOT_PLOTTED = frozenset({"epoch", "total_flos", "num_input_tokens_seen", "runtim
                          "steps_per_second"})  # bookkeeping, not curves
 
 
+def dvclive_on() -> bool:
+    """Whether dvclive logging is on: CODI_DVCLIVE unset, `on` or `1`; `off` or `0` turns it off."""
+    value = os.environ.get(DVCLIVE_SWITCH, "on").strip().lower()
+    if value not in ("on", "1", "off", "0"):
+        raise UserError(f"{DVCLIVE_SWITCH}={os.environ[DVCLIVE_SWITCH]!r}: expected on or off")
+    return value in ("on", "1")
+
+
+class NoLiveMetrics(TrainerCallback):
+    """What LiveMetrics is when dvclive is off: a callback that writes nothing."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+
 class LiveMetrics(DVCLiveCallback):
     """transformers' dvclive callback, keyed by the optimizer step, with `train/` and `eval/` names and no params dump.
 
     Its own set-up would log all ~150 TrainingArguments as dvclive params (the stage's params are already in
     params.yaml and the wandb config). The Trainer's end-of-run summary (train_runtime, ...) goes to
     `summary/` in metrics.json only. A resumed run keeps the rows up to its checkpoint's step and drops the
-    rows the interrupted run logged after it."""
+    rows the interrupted run logged after it. With CODI_DVCLIVE=off it is a NoLiveMetrics (dvclive is not
+    imported) and the stage says so."""
+
+    def __new__(cls, directory: str | Path, resume_step: int | None):
+        if dvclive_on():
+            if not _installed("dvclive"):
+                raise UserError(f"dvclive is not installed, so this stage cannot write {directory}: install it "
+                                f"(pip install dvclive), or set {DVCLIVE_SWITCH}=off to train without dvclive logs")
+            return super().__new__(cls)
+        note(f"dvclive is off ({DVCLIVE_SWITCH}=off in the environment): no per-step metrics in {directory} "
+             "(the stage's metrics JSON and loss plot are still written)")
+        return NoLiveMetrics(Path(directory))
 
     def __init__(self, directory: str | Path, resume_step: int | None):
         from dvclive import Live
