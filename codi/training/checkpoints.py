@@ -10,7 +10,7 @@ from step 0: a checkpoint is never continued under other data, model, hyperparam
     root = checkpoint_root(Path("checkpoints/sft"), "sft", fingerprint)   # where that folder is
 
 A DVC experiment run with `--temp`, from the queue, or by the experiments flow runs in a temporary copy of the
-repository (`<repo>/.dvc/tmp/exps/tmp*`) that a kill leaves behind and the next run does not reuse: its
+repository (`<repo>/.dvc/tmp/exps/[standalone/]tmp*`) that a kill leaves behind and the next run does not reuse: its
 checkpoints live in the repository's own `checkpoints/exps/<stage>-<fingerprint digest>/`, where the rerun of
 the same experiment (same params, data and code: the same fingerprint) finds them and resumes.
 """
@@ -67,7 +67,8 @@ def dvc_temp_copy_repo(cwd: Path) -> Path | None:
     """The repository whose DVC experiment runs in the temporary copy `cwd`, or None (not such a copy)."""
     parts = cwd.resolve().parts
     for i in range(1, len(parts) - 3):
-        if parts[i:i + 3] == (".dvc", "tmp", "exps") and parts[i + 3].startswith("tmp"):
+        # the queue's copies are exps/tmp*, `--temp`'s exps/standalone/tmp* (dvc/repo/experiments/executor)
+        if parts[i:i + 3] == (".dvc", "tmp", "exps") and any(p.startswith("tmp") for p in parts[i + 3:i + 5]):
             return Path(*parts[:i])
     return None
 

@@ -161,3 +161,30 @@ def test_prefect_pipeline_flow_drives_the_real_stages(repo, prefect_server):
     assert {row["name"] for row in table} >= modes  # (and `latent_diagnostics`, `summary`: other columns)
     assert all(row["output_accuracy"] is not None for row in table if row["name"] in modes)
     assert "up to date" in dvc(repo, "status")
+
+
+def test_a_killed_temp_experiment_resumes_when_run_again(repo):
+    """`dvc exp run --temp` runs in a temporary copy that a kill leaves behind: the rerun is a new copy, and
+    resumes sft from the checkpoint the killed one wrote to the repository's checkpoints/exps/."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", "resumed", "-S", "sft.max_steps=40",
+           "-S", "sft.save_steps=4", "-S", "sft.eval_steps=20"]
+    exps = repo / "checkpoints/exps"
+    proc = subprocess.Popen(cmd, cwd=repo, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline, killed_at = time.time() + 600, None
+    while time.time() < deadline and proc.poll() is None:
+        done = [p for p in exps.glob("sft-*/checkpoint-*") if (p / "trainer_state.json").is_file()]
+        if done:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed_at = done[0]
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert killed_at is not None, "the experiment ended before it could be killed"
+    out = sh(repo, *cmd)
+    assert f"resuming from {killed_at.parent}/checkpoint-" in out
+    assert not list(exps.glob("sft-*"))  # the finished stage removed what it no longer needs
+    assert "resumed" in dvc(repo, "exp", "show", "--json")

@@ -215,6 +215,8 @@ def test_checkpoint_root_outside_and_inside_a_temporary_copy(tmp_path):
     assert checkpoint_root(Path("checkpoints/sft"), "sft", fp, cwd=tmp_path) == Path("checkpoints/sft")
     copy = tmp_path / "repo/.dvc/tmp/exps/tmpab12"
     assert dvc_temp_copy_repo(copy) == tmp_path / "repo"
+    assert dvc_temp_copy_repo(tmp_path / "repo/.dvc/tmp/exps/standalone/tmp9x") == tmp_path / "repo"  # --temp
+    assert dvc_temp_copy_repo(tmp_path / "repo/.dvc/tmp/exps/celery") is None
     root = checkpoint_root(Path("checkpoints/sft"), "sft", fp, cwd=copy)
     assert root.parent == tmp_path / "repo/checkpoints/exps" and root.name.startswith("sft-")
     assert root != checkpoint_root(Path("checkpoints/sft"), "sft", {**fp, "params": {"lr": 2.0}}, cwd=copy)
