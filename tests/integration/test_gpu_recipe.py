@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_real_base import make_base_folder
-from tests.integration.test_real_pipeline_dvc import GIT, dvc, ran, sh
+from tests.integration.test_real_pipeline_dvc import GIT, copy_project, dvc, ran, sh
 from tests.tiny import ROOT, tiny_params, write_params
 
 pytestmark = pytest.mark.slow
@@ -29,12 +28,7 @@ RECIPE = ["-S", "model.base=base_models/mini", "-S", "extract.sources=[mbpp]",
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("recipe")
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        if f.startswith(("metrics/", "plots/")) or f == "dvc.lock":
-            continue  # results of the committed run; this repo makes its own
-        (repo / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, repo / f)
+    copy_project(repo)
     write_params(repo / "params.yaml", tiny_params())  # small steps: the recipe's -S lines are the user's
     make_base_folder(repo / "base_models/mini", "qwen2")
     shutil.copy(ROOT / "tests/fixtures/sources/mbpp.jsonl", repo / "data/raw/mbpp.jsonl")

@@ -41,15 +41,20 @@ def ran(output: str) -> list[str]:
     return re.findall(r"Running stage '([a-z_]+)'", output)
 
 
-def tiny_repo(repo: Path) -> Path:
-    """A copy of the project's tracked files in `repo` with tiny params, committed, after a first `dvc repro`
-    (its results committed too). Also used by test_dvc_remote.py."""
+def copy_project(repo: Path) -> None:
+    """The project's tracked files into `repo`, without the committed run's results (the copy makes its own)."""
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for f in files:
         if f.startswith(("metrics/", "plots/")) or f == "dvc.lock":
-            continue  # results of the real run; this repo makes its own
+            continue
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, repo / f)
+
+
+def tiny_repo(repo: Path) -> Path:
+    """A copy of the project's tracked files in `repo` with tiny params, committed, after a first `dvc repro`
+    (its results committed too). Also used by test_dvc_remote.py."""
+    copy_project(repo)
     write_params(repo / "params.yaml", tiny_params(gamma=1.0))  # the tests below move it to 2.0
     sh(repo, "git", "init", "-q")
     sh(repo, "git", "add", "-A")
