@@ -354,6 +354,7 @@ def test_fresh_seed_evaluates_the_committed_models_on_new_programs(ws, tmp_path)
         r = report[mode]
         assert 0.0 <= r["fresh"] <= 1.0 and r["committed"] == committed[mode]["output_accuracy"]
         assert r["within_interval"] == (r["committed_lo"] <= r["fresh"] <= r["committed_hi"])
+        assert r["fresh_lo"] <= r["fresh"] <= r["fresh_hi"]
     assert report["examples"] == json.loads((tmp_path / "fresh/eval.json").read_text())["explicit"]["n"] > 0
     assert json.loads((tmp_path / "fresh/fresh_seed.json").read_text()) == report
     predictions = pd.read_parquet(tmp_path / "fresh/predictions.parquet")  # kept: the per-example answers
