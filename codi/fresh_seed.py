@@ -8,9 +8,9 @@ Draws `--programs` new synthetic programs with the committed `extract.synthetic`
 sandbox (the extract stage's code and limits), encodes them with the committed models' tokenizer, and runs the
 evaluate stage on them as one `test` split. `fresh_seed.json` sets each mode's accuracy on the fresh draw beside
 its committed synthetic-test interval (metrics/eval_by_split.json), with the fresh draw's own interval, and says
-whether it falls inside. Draw many programs: a draw the size of the test split (270) has an interval as wide as
-the committed one, so its point lands outside by chance as often as not (docs/RESULTS.md: 270 programs gave
-direct 22.5% on seed 1, 2500 programs of the same seed 18.0%).
+whether it falls inside. Draw many programs: a draw the size of the test split (270) is as noisy as the committed
+one, so each mode's point lands outside the committed interval by chance about one time in six (docs/RESULTS.md:
+270 programs gave direct 22.5% on seed 1, 2500 programs of the same seed 18.0%).
 Not a DVC stage: a check to run once after the default changes (docs/RESULTS.md, "Research III").
 """
 
@@ -117,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     for mode in MODES:
         if mode in report:
             r = report[mode]
-            print(f"{mode}: fresh {r['fresh']:.1%} [{r['fresh_lo']:.1%}, {r['fresh_hi']:.1%}], committed {r['committed']:.1%} [{r['committed_lo']:.1%}, "
-                  f"{r['committed_hi']:.1%}]: {'within' if r['within_interval'] else 'OUTSIDE'} the interval")
+            print(f"{mode}: fresh {r['fresh']:.1%} [{r['fresh_lo']:.1%}, {r['fresh_hi']:.1%}], "
+                  f"committed {r['committed']:.1%} [{r['committed_lo']:.1%}, {r['committed_hi']:.1%}]: "
+                  f"{'within' if r['within_interval'] else 'OUTSIDE'} the interval")
     return 0
 
 
