@@ -22,7 +22,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from codi.answers import parse_direct
-from codi.modeling.latent import latent_input
+from codi.modeling.latent import latent_input, value_feedback
 from codi.modeling.model import split_causal_lm
 from codi.tokens import ACTION_SEP, LINE_SEP, TraceTokenIds, token_ids
 from codi.tracing.format import Frame, TraceParseError, entry_exit, exit_kind, parse_frames_prefix
@@ -115,7 +115,8 @@ class _Decoder:
 
     def __init__(self, mode: str, model: nn.Module, ids: TraceTokenIds, vocab_size: int, *,
                  projector: Callable[[torch.Tensor], torch.Tensor] | None, latent_steps: int,
-                 max_new_tokens: int, max_frames: int):
+                 max_new_tokens: int, max_frames: int, value_feedback: str = "none",
+                 latent_override: torch.Tensor | None = None):
         self.mode, self.model, self.t = mode, model, ids
         self.body, self.head, _ = split_causal_lm(model, "model")
         self.embed = model.get_input_embeddings()
@@ -123,6 +124,8 @@ class _Decoder:
         self.projector, self.latent_steps = projector, latent_steps
         self.max_new_tokens, self.max_frames = max_new_tokens, max_frames
         self.block = [ids.latent_start] + [LATENT] * latent_steps + [ids.latent_end]
+        self.value_feedback = value_feedback      # codi.value_feedback: added to each block's last latent
+        self.latent_override = latent_override    # [H]: every latent input replaced by it (the ablation)
 
     def _advance(self, row: _Row, token: int | None) -> None:
         """Append the next item: the model's greedy `token`, or (None) the next forced latent-block item."""
@@ -229,7 +232,14 @@ class _Decoder:
                 if self.projector is None:
                     raise ValueError("latent decoding needs a projector")
                 emb = emb.clone()
-                emb[lat] = latent_input(self.projector, hidden[lat][:, None]).to(dtype)  # (L, 1, H)
+                x = latent_input(self.projector, hidden[lat][:, None]).to(dtype)  # (L, 1, H)
+                if self.value_feedback != "none":  # the block's last latent: the one latent_end follows
+                    last_latent = torch.tensor([rows[live[k]].queue[:1] == [self.t.latent_end] for k in lat], device=dev)
+                    fb = value_feedback(self.head, self.embed.weight, hidden[lat], self.value_feedback).to(dtype)
+                    x = x + torch.where(last_latent[:, None], fb, torch.zeros((), dtype=dtype, device=dev))[:, None]
+                if self.latent_override is not None:
+                    x = self.latent_override.to(device=dev, dtype=dtype).expand_as(x)
+                emb[lat] = x
                 for k in lat:
                     rows[live[k]].latents.append(emb[k, 0].detach().float().cpu())
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
@@ -361,14 +371,17 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
            max_new_tokens: int = 1024, max_frames: int = 256,
            ids: TraceTokenIds | None = None,
            action_lines: Sequence[Sequence[Sequence[int]]] | None = None,
-           forced_actions: Sequence[Sequence[Sequence[int]]] | None = None) -> list[DecodeResult]:
+           forced_actions: Sequence[Sequence[Sequence[int]]] | None = None,
+           value_feedback: str = "none", latent_override: torch.Tensor | None = None) -> list[DecodeResult]:
     """Decode one batch of prompts (token id lists) greedily; results in prompt order.
 
     `action_lines`: per prompt, its program's lines as token ids (`program_action_lines`): actions
     are decoded constrained to them (explicit, latent; docs/ARCHITECTURE.md, "Decoding"). None = unconstrained.
     `forced_actions`: per prompt, the true trace's LINE of every frame as token ids: frame k's action is
     teacher-forced to the k-th (a diagnostic that separates lost state from a wrong line); frames past
-    the truth's fall back to `action_lines`."""
+    the truth's fall back to `action_lines`.
+    `value_feedback`: the codi model's codi.value_feedback (none | soft | hard). `latent_override` [H]: every latent
+    input is this one vector (the constant-latent ablation: what the latents carry is what this loses)."""
     _check(mode, projector, latent_steps, max_new_tokens, max_frames)
     if not prompts:
         return []
@@ -385,8 +398,8 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
     try:
         with torch.inference_mode():
             rows = _Decoder(mode, model, t, len(tokenizer), projector=projector, latent_steps=latent_steps,
-                            max_new_tokens=max_new_tokens, max_frames=max_frames).run(prompts, action_lines,
-                                                                                     forced_actions)
+                            max_new_tokens=max_new_tokens, max_frames=max_frames, value_feedback=value_feedback,
+                            latent_override=latent_override).run(prompts, action_lines, forced_actions)
     finally:
         for m, was in zip(modules, training):
             m.train(was)

@@ -34,7 +34,8 @@ from codi.tokens import TraceTokenIds
 # The reference design's options (CodiOptions has no defaults: params.yaml or a saved folder sets them).
 REFERENCE_OPTIONS = dict(kd_layers=None, kd_target="hidden", kd_temp=2.0, single_anchor=False, kd_norm="none",
                          kd_positions="action_sep", recon_weight=0.0, recon_decoder="shared",
-                         latent_curriculum_frac=0.0, mix_explicit_prob=0.0, projector_dropout=0.0)
+                         latent_curriculum_frac=0.0, mix_explicit_prob=0.0, projector_dropout=0.0,
+                         value_weight=0.0, value_feedback="none", value_kd_weight=0.0)
 
 
 def codi_model(base, token_ids, latent_steps, *, frozen_teacher=None, teacher_checkpointing=True,

@@ -34,12 +34,14 @@ from codi.tokens import TraceTokenIds, load_tokenizer, token_ids
 
 CODI_CONFIG = "codi_config.json"
 PROJECTOR_FILE = "thought_projector.safetensors"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # A folder of an older format predates some options: it was trained with their reference behaviour.
+_VALUE_OPTIONS = {"value_weight": 0.0, "value_feedback": "none", "value_kd_weight": 0.0}  # format 4 (research IV)
 OLDER_DEFAULTS = {
     1: {"kd_norm": "none", "kd_positions": "action_sep", "recon_weight": 0.0, "recon_decoder": "shared",
-        "latent_curriculum_frac": 0.0, "mix_explicit_prob": 0.0, "projector_dropout": 0.0},
-    2: {"projector_dropout": 0.0},
+        "latent_curriculum_frac": 0.0, "mix_explicit_prob": 0.0, "projector_dropout": 0.0, **_VALUE_OPTIONS},
+    2: {"projector_dropout": 0.0, **_VALUE_OPTIONS},
+    3: dict(_VALUE_OPTIONS),
 }
 _OPTION_KEYS = tuple(f.name for f in dataclasses.fields(CodiOptions))
 _WEIGHT_KEYS = tuple(f.name for f in dataclasses.fields(LossWeights))

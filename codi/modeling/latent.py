@@ -127,17 +127,40 @@ def latent_input(projector: Callable[[torch.Tensor], torch.Tensor], hidden: torc
 
 
 def latent_recurrence(rows: PaddedRows, projector: nn.Module, h: torch.Tensor, steps: int,
-                      active: torch.Tensor, inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
+                      active: torch.Tensor, inputs: list[torch.Tensor] | None = None,
+                      outputs: list[torch.Tensor] | None = None, last_layers: Sequence[int] | None = None,
+                      last_states: list[tuple] | None = None) -> torch.Tensor:
     """Run `steps` recurrent latents: each step feeds projector(h) and takes the new post-norm hidden.
 
     h: [B, H], the last hidden of the position before the first latent (latent_start's). active: [B]
     bool; inactive rows get a padding slot (zero input, masked) and keep their h. Returns h [B, H].
-    `inputs`, when given, receives each step's latent input [B, H] (zero for inactive rows)."""
+    `inputs`, when given, receives each step's latent input [B, H] (zero for inactive rows); `outputs` each
+    step's new h; `last_states` the hidden_states tuple of the last step's call, with `last_layers` asked for."""
     active = active.to(device=rows.device, dtype=torch.bool)
-    for _ in range(steps):
+    for step in range(steps):
         x = torch.where(active[:, None], latent_input(projector, h), torch.zeros((), dtype=h.dtype, device=h.device))
         if inputs is not None:
             inputs.append(x)
-        last, _ = rows.step(x[:, None], active[:, None])
+        final = step == steps - 1 and last_states is not None
+        last, hs = rows.step(x[:, None], active[:, None], hidden_layers=last_layers if final else None)
+        if final:
+            last_states.append(hs)
         h = torch.where(active[:, None], last[:, 0], h)
+        if outputs is not None:
+            outputs.append(h)
     return h
+
+
+def value_feedback(head: nn.Module, embedding: torch.Tensor, hidden: torch.Tensor, mode: str) -> torch.Tensor:
+    """codi.value_feedback: the embedding of the value slot's prediction, added to the last latent's input.
+
+    hidden [B, H] (the value slot's post-norm hidden) -> [B, H] in hidden's dtype: soft = softmax(head(hidden))
+    @ embedding; hard = the argmax row of `embedding`, with the soft one's gradient (straight-through)."""
+    probs = torch.softmax(head(hidden).float(), dim=-1)  # [B, V]
+    weight = embedding.float()[:probs.shape[-1]]
+    if mode == "soft":
+        return (probs @ weight).to(hidden.dtype)
+    if mode == "hard":
+        hard = torch.nn.functional.one_hot(probs.argmax(-1), probs.shape[-1]).to(probs.dtype)
+        return ((hard + probs - probs.detach()) @ weight).to(hidden.dtype)
+    raise ValueError(f"value_feedback: expected 'soft' or 'hard', got {mode!r}")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence
+from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence, value_feedback
 from codi.modeling.losses import (kd_hidden_per_example, kd_logit_per_example, per_example_mean, teacher_std,
                                   token_ce)
 from codi.modeling.options import CodiOptions, LossWeights
@@ -98,6 +98,9 @@ class CodiModel(nn.Module):
                 raise ValueError("codi.frozen_teacher: hidden KD needs the teacher's hidden_size to equal the base's")
             if kd_target == "logit" and t_head.weight.shape[0] != head.weight.shape[0]:
                 raise ValueError("codi.frozen_teacher: logit KD needs the teacher's vocabulary size to equal the base's")
+            if options.value_kd_weight > 0:
+                raise ValueError("codi.value_kd_weight > 0 aligns the shared-weight teacher's layers 1..L: set "
+                                 "codi.frozen_teacher to \"\" or value_kd_weight to 0")
         if kd_layers is not None:
             for x in kd_layers:
                 for states, who in ((n_states, "the base"), (t_states, "the frozen teacher")):
@@ -130,6 +133,7 @@ class CodiModel(nn.Module):
         self.teacher_checkpointing = bool(teacher_checkpointing)
         self.n_states = n_states
         self.student_layers = _resolve_layers(eff, n_states)   # indices into the base's hidden_states
+        self.value_layers = tuple(range(1, n_states))          # value KD: layers 1..L (no embeddings; PCCoT)
         self.teacher_layers = _resolve_layers(eff, t_states)   # indices into the teacher's hidden_states
         # A list keeps the frozen teacher out of state_dict, parameters() (optimizer) and DDP.
         self._frozen: list[nn.Module] = []
@@ -180,12 +184,13 @@ class CodiModel(nn.Module):
             raise ValueError(f"ss_prob = {ss_prob!r}: expected a probability in [0, 1]")
         if ss_prob > 0 and ss_rng is None:
             raise ValueError("ss_rng: scheduled sampling (ss_prob > 0) needs an explicit random.Random or torch.Generator")
-        plans = [plan_example(ex, e, self.token_ids, latent_share, self.options.kd_positions) for e, ex in enumerate(examples)]
+        plans = [plan_example(ex, e, self.token_ids, latent_share, self.options.kd_positions, values=self.options.uses_values)
+                 for e, ex in enumerate(examples)]
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
-        t_ce, t_kd = self._teacher(plans)
-        s_ce, s_kd, latents = self._student(plans, flags)
+        t_ce, t_kd, t_value = self._teacher(plans)
+        s_ce, s_kd, latents, s_value = self._student(plans, flags)
 
         counts = [p.n_anchors for p in plans]
         if self.options.single_anchor:  # keep each example's last latent frame's anchors only
@@ -213,16 +218,42 @@ class CodiModel(nn.Module):
         t_loss = t_ce.mean() if t_ce is not None else zero
         s_loss, kd_loss = s_ce.mean(), kd.sum() / n_latent
         recon_loss = self._recon(plans, latents).sum() / n_latent if self.options.recon_weight > 0 else zero
+        value_loss, value_kd_loss = self._value_losses(s_value, t_value, n) if self.options.uses_values else (zero, zero)
         w = self.weights
         loss = w.teacher_ce_weight * t_loss + w.student_ce_weight * s_loss + w.kd_weight * kd_loss
         if self.options.recon_weight > 0:
             loss = loss + self.options.recon_weight * recon_loss
+        if self.options.value_weight > 0:
+            loss = loss + self.options.value_weight * value_loss
+        if self.options.value_kd_weight > 0:
+            loss = loss + self.options.value_kd_weight * value_kd_loss
         return {"loss": loss, "teacher_loss": t_loss.detach(), "student_loss": s_loss.detach(),
-                "kd_loss": kd_loss.detach(), "recon_loss": recon_loss.detach()}
+                "kd_loss": kd_loss.detach(), "recon_loss": recon_loss.detach(), "value_loss": value_loss.detach(),
+                "value_kd_loss": value_kd_loss.detach()}
+
+    def _value_losses(self, s_value: "_ValueSlots", t_value: torch.Tensor | None, n: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(value CE, value KD), each the mean over the examples that have a value slot (0 when none has).
+        Student slots arrive in (example, span) order, the teacher's targets in the same order."""
+        dev = self.device
+        zero = torch.zeros((), device=dev)
+        if not s_value.keys:
+            return zero, zero
+        ex = torch.tensor([e for e, _ in s_value.keys], dtype=torch.long, device=dev)
+        n_with = (torch.bincount(ex, minlength=n) > 0).sum().clamp(min=1)
+        value_loss = value_kd_loss = zero
+        if self.options.value_weight > 0:
+            ce = token_ce(s_value.hidden, self.head, torch.tensor(s_value.targets, dtype=torch.long, device=dev))
+            value_loss = per_example_mean(ce, ex, n).sum() / n_with
+        if self.options.value_kd_weight > 0:
+            kd = kd_hidden_per_example(s_value.states, t_value, ex, n, scale=teacher_std(t_value))
+            value_kd_loss = kd.sum() / n_with
+        return value_loss, value_kd_loss
 
     # ----------------------------------------------------------------------------------- teacher
-    def _teacher(self, plans: list[ExamplePlan]) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(per-example CE [n] or None under a frozen teacher, KD targets [A, L, H] or logits [A, 1, V])."""
+    def _teacher(self, plans: list[ExamplePlan]) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """(per-example CE [n] or None under a frozen teacher, KD targets [A, L, H] or logits [A, 1, V], value KD
+        targets [V, L, H] at the token before each latent span's assigned value, (example, span) order, or None)."""
         dev, n = self.device, len(plans)
         full = [p.prompt + p.trace for p in plans]
         width = max(map(len, full))
@@ -238,6 +269,10 @@ class CodiModel(nn.Module):
         ids = ids.to(dev)
         anchors = torch.tensor([e * width + a for e, p in enumerate(plans) for a in p.teacher_anchors],
                                dtype=torch.long, device=dev)
+        value_kd = self.options.value_kd_weight > 0
+        # The token before the value predicts it: the teacher's state there is the value being produced.
+        before_value = torch.tensor([e * width + len(p.prompt) + v - 1 for e, p in enumerate(plans)
+                                     for v in p.value_pos if v >= 0], dtype=torch.long, device=dev)
 
         teacher = self.frozen_teacher
         if teacher is not None:
@@ -248,12 +283,13 @@ class CodiModel(nn.Module):
                 out = t_body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                              output_hidden_states=self._requested(self.teacher_layers, t_states))
                 if self.options.kd_target == "logit":
-                    return None, t_head(out.last_hidden_state.flatten(0, 1)[anchors])[:, None]
-                return None, self._gather_layers(out, self.teacher_layers, t_states, anchors)
+                    return None, t_head(out.last_hidden_state.flatten(0, 1)[anchors])[:, None], None
+                return None, self._gather_layers(out, self.teacher_layers, t_states, anchors), None
 
         with activation_checkpointing(self.model, self.teacher_checkpointing):
+            wanted = self.teacher_layers + (self.value_layers if value_kd else ())
             out = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                            output_hidden_states=self._requested(self.teacher_layers, self.n_states))
+                            output_hidden_states=self._requested(wanted, self.n_states))
         flat = out.last_hidden_state.flatten(0, 1)  # [n*T, H]
         # Position q predicts token q+1; trained on the trace: q from len(prompt)-1 to len(full)-2.
         rows = [(e, q) for e, p in enumerate(plans) for q in range(len(p.prompt) - 1, len(p.prompt) + len(p.trace) - 1)]
@@ -261,9 +297,11 @@ class CodiModel(nn.Module):
         tgt = ids.flatten()[idx + 1]
         ex = torch.tensor([e for e, _ in rows], device=dev)
         ce = per_example_mean(token_ce(flat[idx], self.head, tgt), ex, n)
+        t_value = (self._gather_layers(out, self.value_layers, self.n_states, before_value).detach() if value_kd
+                   else None)
         if self.options.kd_target == "logit":  # extension: shared teacher's own logits, detached
-            return ce, self.head(flat[anchors]).detach()[:, None]
-        return ce, self._gather_layers(out, self.teacher_layers, self.n_states, anchors).detach()
+            return ce, self.head(flat[anchors]).detach()[:, None], t_value
+        return ce, self._gather_layers(out, self.teacher_layers, self.n_states, anchors).detach(), t_value
 
     @staticmethod
     def _requested(layers: Sequence[int], n_states: int) -> list[int] | None:
@@ -279,10 +317,16 @@ class CodiModel(nn.Module):
         return torch.stack(picked, dim=1)
 
     # ----------------------------------------------------------------------------------- student
-    def _student(self, plans: list[ExamplePlan], flags: list[list[bool]]
-                 ) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
-        """(per-example CE [n], student KD hiddens [A, L, H] in (example, span, anchor) order, and when the
-        reconstruction is on, each latent span's latent inputs {(example, span): [latent_steps, H]}).
+    def _student(self, plans: list[ExamplePlan], flags: list[list[bool]],
+                 block_states: dict[tuple[int, int], torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], torch.Tensor], "_ValueSlots"]:
+        """(per-example CE [n], student KD hiddens [A, L, H] in (example, span, anchor) order, when the
+        reconstruction is on each latent span's latent inputs {(example, span): [latent_steps, H]}, and the value
+        slots (the value options)). `block_states`, when given, receives each latent span's post-norm outputs
+        at latent_start and at every latent, {(example, span): [latent_steps + 1, H]} (the latent probe).
+
+        The value slot of a block is the hidden that feeds its last latent: the last but one latent's output
+        (latent_start's with one latent step).
 
         Round k >= 1 runs latent steps 1..latent_steps-1 as one-slot calls, then one call for
         [last latent, LE, text, LS]: the last latent's input (projector of the previous hidden) is
@@ -299,6 +343,10 @@ class CodiModel(nn.Module):
         kd_parts, kd_order = [], []
         h = None  # [n, H] post-norm hidden feeding the next latent (latent_start's, then each latent's)
         req = self._requested(self.student_layers, self.n_states)
+        opts = self.options
+        value = _ValueSlots()
+        value_states = opts.value_kd_weight > 0
+        embedding = self.model.get_input_embeddings().weight
         zero = torch.zeros((), dtype=self.model.get_input_embeddings().weight.dtype, device=dev)
         with activation_checkpointing(self.model, False):
             for k in range(n_rounds):
@@ -310,8 +358,17 @@ class CodiModel(nn.Module):
                 rows.compact()
                 inputs: list[torch.Tensor] | None = [] if self.options.recon_weight > 0 else None
                 if fuse:
-                    h = latent_recurrence(rows, self.projector, h, self.options.latent_steps - 1, act, inputs)
-                    fused = torch.where(act[:, None], latent_input(self.projector, h), zero)  # idle rows: zero input
+                    outputs: list[torch.Tensor] | None = [h] if block_states is not None else None
+                    last_states: list[tuple] | None = [] if value_states else None
+                    h = latent_recurrence(rows, self.projector, h, self.options.latent_steps - 1, act, inputs,
+                                          outputs=outputs, last_states=last_states,
+                                          last_layers=self._requested(self.value_layers, self.n_states))
+                    x = latent_input(self.projector, h)
+                    if opts.value_feedback != "none":
+                        x = x + value_feedback(self.head, embedding, h, opts.value_feedback)
+                    fused = torch.where(act[:, None], x, zero)  # idle rows: zero input
+                    if opts.uses_values:
+                        value.add(plans, active, k - 1, h, last_states, self.value_layers, self.n_states)
                     if inputs is not None:
                         block = torch.stack(inputs + [fused], dim=1)  # [n, latent_steps, H]
                         latents.update({(e, k - 1): block[e] for e in active})
@@ -334,6 +391,9 @@ class CodiModel(nn.Module):
                     shifted = torch.cat([ids[:, :1], pred[:, :-1]], dim=1)
                     ids = torch.where(replace.to(dev), shifted, ids)
                 last, hs = rows.step(embed_block(ids), real, hidden_layers=req if k > 0 else None)
+                if fuse and block_states is not None:
+                    block = torch.stack(outputs + [last[:, 0]], dim=1)  # [n, latent_steps + 1, H]
+                    block_states.update({(e, k - 1): block[e].detach() for e in active})
                 ce_hidden.append(last.flatten(0, 1)[torch.tensor(tgt_idx, device=dev)])
                 if k > 0:
                     slots = [(e, d, a) for e in active for d, a in enumerate(plans[e].rounds[k].anchors)]
@@ -344,15 +404,16 @@ class CodiModel(nn.Module):
                     h = last[torch.arange(n, device=dev), last_slot.to(dev)]  # latent_start's hidden
         ce = token_ce(torch.cat(ce_hidden), self.head, torch.tensor(ce_tgt, device=dev))
         s_ce = per_example_mean(ce, torch.tensor(ce_ex, device=dev), n)
-        if not kd_order:  # no latent frame in the batch
+        value = value.ordered()
+        if not kd_order:  # no latent frame in the batch (or no anchor: kd_positions answer, truncated traces)
             h_size = self.model.config.get_text_config().hidden_size
-            return s_ce, torch.zeros(0, len(self.student_layers), h_size, device=dev), latents
+            return s_ce, torch.zeros(0, len(self.student_layers), h_size, device=dev), latents, value
         # Rounds collect anchors (round, example)-major; reorder to the teacher's (example, span, anchor) order.
         inv = [0] * len(kd_order)
         for at, g in enumerate(kd_order):
             inv[g] = at
         s_kd = torch.cat(kd_parts)[torch.tensor(inv, dtype=torch.long, device=dev)]
-        return s_ce, s_kd, latents
+        return s_ce, s_kd, latents, value
 
     # ---------------------------------------------------------------------------- reconstruction
     @property
@@ -412,7 +473,7 @@ class CodiModel(nn.Module):
         self.eval()
         try:
             plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions) for e, ex in enumerate(examples)]
-            _, _, latents = self._student(plans, [[False] * p.n_spans for p in plans])
+            _, _, latents, _ = self._student(plans, [[False] * p.n_spans for p in plans])
             inputs, targets, _ = self.recon_inputs(plans, latents)
             body, head, _ = split_causal_lm(self.recon_lm, "codi recon decoder")
             emb = self.recon_lm.get_input_embeddings()
@@ -456,6 +517,63 @@ class CodiModel(nn.Module):
                 replace[e, fuse + a:fuse + b] = True
             tgt_idx.extend(e * width + fuse + slot for slot, _ in r.targets)
         return ids, real, (replace if bool(replace.any()) else None), last_slot, tgt_idx, width
+
+
+    @torch.no_grad()
+    def block_states(self, examples: Sequence[dict[str, Any]]) -> list[list[torch.Tensor]]:
+        """The latent probe's view: for every LINE frame of `examples` (all latent, the student reading the true
+        trace around them, so that block s is LINE frame s), the post-norm outputs at latent_start and at each
+        latent, [latent_steps + 1, H] on the CPU, per example in span order."""
+        if self.options.latent_steps == 0:
+            raise ValueError("block_states: the model makes no latents (codi.latent_steps = 0)")
+        was = self.training
+        self.eval()
+        try:
+            plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions) for e, ex in enumerate(examples)]
+            states: dict[tuple[int, int], torch.Tensor] = {}
+            self._student(plans, [[False] * p.n_spans for p in plans], block_states=states)
+            return [[states[(e, s)].float().cpu() for s in range(p.n_spans)] for e, p in enumerate(plans)]
+        finally:
+            self.train(was)
+
+
+class _ValueSlots:
+    """The student's value slots of a batch, gathered round by round and then put in (example, span) order:
+    the post-norm hidden [V, H], the target token ids, and (value KD) the slot's layers 1..L [V, L, H]."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int]] = []
+        self.targets: list[int] = []
+        self._hidden: list[torch.Tensor] = []
+        self._states: list[torch.Tensor] = []
+        self.hidden: torch.Tensor | None = None
+        self.states: torch.Tensor | None = None
+
+    def add(self, plans: list[ExamplePlan], active: list[int], span: int, h: torch.Tensor,
+            states: list[tuple | None] | None, layers: Sequence[int], n_states: int) -> None:
+        """Round `span + 1`'s value slots: h [n, H] the slot's last-layer output; `states` (value KD only) holds the
+        slot call's hidden_states tuple (the last layer is h itself)."""
+        rows = [e for e in active if plans[e].value_pos[span] >= 0]
+        if not rows:
+            return
+        idx = torch.tensor(rows, dtype=torch.long, device=h.device)
+        self.keys.extend((e, span) for e in rows)
+        self.targets.extend(plans[e].trace[plans[e].value_pos[span]] for e in rows)
+        self._hidden.append(h[idx])
+        if states is not None:  # the value slot's call is one slot wide: position 0
+            self._states.append(torch.stack([h if x == n_states - 1 else states[0][x][:, 0] for x in layers],
+                                            dim=1)[idx])
+
+    def ordered(self) -> "_ValueSlots":
+        if not self.keys:
+            return self
+        order = sorted(range(len(self.keys)), key=self.keys.__getitem__)
+        sel = torch.tensor(order, dtype=torch.long, device=self._hidden[0].device)
+        self.keys = [self.keys[i] for i in order]
+        self.targets = [self.targets[i] for i in order]
+        self.hidden = torch.cat(self._hidden)[sel]
+        self.states = torch.cat(self._states)[sel] if self._states else None
+        return self
 
 
 class _Out:

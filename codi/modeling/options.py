@@ -35,8 +35,9 @@ class CodiOptions:
     kd_norm: Literal["none", "teacher_std"] = option("none (the reference) | teacher_std: each KD layer's smooth-L1 term "
                                                      "divided by the detached std of the teacher's hidden states at that "
                                                      "layer over the micro-batch's anchors (CODI's public code)")
-    kd_positions: Literal["action_sep", "action_line"] = option("KD anchors of a latent frame: its <|action_sep|> (the "
-                                                                "reference) | action_line: also every token of its line")
+    kd_positions: Literal["action_sep", "action_line", "answer"] = option(
+        "KD anchors of a latent frame: its <|action_sep|> (the reference) | action_line: also every token of its line | "
+        "answer: CODI's own anchor, only the token before the answer (the entry return frame's <|arg_sep|>)")
     recon_weight: float = option("weight of the step-level reconstruction loss (SIM-CoT): a decoder reads a LINE frame's "
                                  "latents and must write its locals; 0 = off", ge=0.0)
     recon_decoder: Literal["shared", "copy"] = option("the reconstruction decoder: the model's own weights | an auxiliary "
@@ -47,6 +48,16 @@ class CodiOptions:
                                       ge=0.0, lt=1.0)
     projector_dropout: float = option("dropout on the thought projector's input in training (CODI's prj_dropout); "
                                       "0 = none (the reference)", ge=0.0, lt=1.0)
+    value_weight: float = option("weight of the value CE (research IV, lever a): the value slot's hidden (the one that "
+                                 "feeds a block's last latent) must predict, through the tied head, the first token of "
+                                 "the value the previous line assigned (codi.values); 0 = off", ge=0.0)
+    value_feedback: Literal["none", "soft", "hard"] = option(
+        "what the value slot's prediction adds to the last latent's input: none | soft: the probability-weighted "
+        "embedding | hard: the argmax token's embedding, straight-through in training")
+    value_kd_weight: float = option("weight of the value KD (lever b): smooth L1 between the value slot's hidden states "
+                                    "and the teacher's at the token before the assigned value, layers 1..L (no "
+                                    "embeddings), each divided by the teacher's std (PCCoT); 0 = off; latent_steps >= 2",
+                                    ge=0.0)
 
     def __post_init__(self) -> None:
         if self.kd_norm == "teacher_std" and self.kd_target != "hidden":
@@ -55,6 +66,21 @@ class CodiOptions:
         if self.recon_weight > 0 and self.latent_steps == 0:
             raise ConfigError("codi.recon_weight > 0 reconstructs each frame's locals from its latents, but "
                               "codi.latent_steps = 0 makes no latents")
+        for key in ("value_weight", "value_kd_weight"):
+            if getattr(self, key) > 0 and self.latent_steps == 0:
+                raise ConfigError(f"codi.{key} > 0 supervises a latent block's value slot, but codi.latent_steps = 0 "
+                                  "makes no latents")
+        if self.value_feedback != "none" and self.latent_steps == 0:
+            raise ConfigError(f"codi.value_feedback = {self.value_feedback!r} feeds a block's last latent, but "
+                              "codi.latent_steps = 0 makes no latents")
+        if self.value_kd_weight > 0 and self.latent_steps < 2:
+            raise ConfigError("codi.value_kd_weight > 0 aligns every layer at the value slot, a latent of its own: "
+                              f"it needs codi.latent_steps >= 2 (got {self.latent_steps})")
+
+    @property
+    def uses_values(self) -> bool:
+        """Whether training reads each example's `value_pos` (codi.values)."""
+        return self.value_weight > 0 or self.value_kd_weight > 0
 
     @classmethod
     def of(cls, obj: Any) -> "CodiOptions":

@@ -41,6 +41,7 @@ class ExamplePlan:
     trace: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]    # the latent spans (the first n of the example's LINE frames)
     rounds: tuple[Round, ...]
+    value_pos: tuple[int, ...] = ()       # per latent span: trace index of its assigned value's token, -1 none
 
     @property
     def n_spans(self) -> int:
@@ -116,12 +117,37 @@ def line_length(trace: Sequence[int], j: int, ids: TraceTokenIds) -> int:
     return len(trace) - j
 
 
+def check_value_pos(ex: Mapping[str, Any], index: int, spans: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """The example's `value_pos` (codi.values.value_positions): one int per LINE span, -1 or inside the span's
+    locals (i < pos < j). ValueError naming the key."""
+    where = f"examples[{index}].value_pos"
+    raw = ex.get("value_pos")
+    if raw is None:
+        raise ValueError(f"{where}: missing (the value options need each span's value token: codi.values)")
+    if isinstance(raw, torch.Tensor):
+        raw = raw.tolist()
+    try:
+        pos = tuple(int(x) for x in raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected a list of ints") from None
+    if len(pos) != len(spans):
+        raise ValueError(f"{where}: {len(pos)} entries for {len(spans)} spans")
+    for s, (p, (i, j)) in enumerate(zip(pos, spans)):
+        if p != -1 and not i < p < j:
+            raise ValueError(f"{where}[{s}] = {p}: expected -1 or inside span ({i}, {j})")
+    return pos
+
+
 def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_share: float = 1.0,
-                 kd_positions: Literal["action_sep", "action_line"] = "action_sep") -> ExamplePlan:
+                 kd_positions: Literal["action_sep", "action_line", "answer"] = "action_sep",
+                 values: bool = False) -> ExamplePlan:
     """Check an example and lay out its student rounds (see the module docstring): the first
-    latent_frames(len(spans), latent_share) LINE frames are latent; KD anchors at kd_positions (CodiOptions)."""
+    latent_frames(len(spans), latent_share) LINE frames are latent; KD anchors at kd_positions (CodiOptions);
+    `values`: read and check the example's `value_pos` (the value options)."""
     prompt, trace, all_spans = check_example(ex, index, ids)
+    value_pos = check_value_pos(ex, index, all_spans) if values else ()
     spans = all_spans[:latent_frames(len(all_spans), latent_share)]
+    value_pos = value_pos[:len(spans)]
     ls, le = ids.latent_start, ids.latent_end
     n = len(spans)
     rounds = []
@@ -129,7 +155,7 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
     if n == 0:  # every frame explicit: the student reads the whole trace, CE on every trace token
         rounds.append(Round(tokens=prompt + trace, targets=tuple((p - 1 + t, trace[t]) for t in range(len(trace))),
                             anchors=(), ends_in_latent=False))
-        return ExamplePlan(prompt=prompt, trace=trace, spans=(), rounds=tuple(rounds))
+        return ExamplePlan(prompt=prompt, trace=trace, spans=(), rounds=tuple(rounds), value_pos=())
     # Round 0: the prompt's last logit predicts trace[0]; trace[t] predicts trace[t+1] up to i_1 - 1.
     i1 = spans[0][0]
     toks = prompt + trace[:i1 + 1] + (ls,)
@@ -145,11 +171,17 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
         # Scheduled sampling keeps seg[0] (action_sep) and, unless last, seg[-1] (next line_sep):
         # seg[q] for q in [1, end) <- argmax at seg position q-1, i.e. slot q+1 <- slot q.
         end = len(seg) if last else len(seg) - 1
-        # KD anchors: slot 1 is the `<|action_sep|>`; action_line adds the slots of its line's tokens.
-        m = 1 if kd_positions == "action_sep" else min(line_length(trace, j, ids), len(seg))
-        rounds.append(Round(tokens=toks, targets=targets, anchors=tuple(range(1, 1 + m)), ends_in_latent=not last,
+        # KD anchors: slot 1 is the `<|action_sep|>`; action_line adds the slots of its line's tokens; answer
+        # keeps only the last round's last <|arg_sep|> (the entry exit's, whose next token is the answer).
+        if kd_positions == "answer":
+            args = [q for q in range(len(seg)) if seg[q] == ids.arg_sep] if last else []
+            anchors = (1 + args[-1],) if args else ()
+        else:
+            m = 1 if kd_positions == "action_sep" else min(line_length(trace, j, ids), len(seg))
+            anchors = tuple(range(1, 1 + m))
+        rounds.append(Round(tokens=toks, targets=targets, anchors=anchors, ends_in_latent=not last,
                             ss_slots=(2, 1 + end) if end > 1 else (0, 0)))
-    return ExamplePlan(prompt=prompt, trace=trace, spans=spans, rounds=tuple(rounds))
+    return ExamplePlan(prompt=prompt, trace=trace, spans=spans, rounds=tuple(rounds), value_pos=value_pos)
 
 
 def latent_frames(n_line_frames: int, share: float) -> int:

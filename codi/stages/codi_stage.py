@@ -26,6 +26,7 @@ from codi.training.checkpoints import run_fingerprint
 from codi.training.codi_trainer import CodiTrainer, collate_examples, sub_losses
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import codi_summary, recon_probe, save_loss_png
+from codi.values import WithValues
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
 
     tok = load_tokenizer(sft)
     check_tokenizer(tok, cache, sft)
+    if cfg.uses_values:  # each LINE span's assigned value (codi.values): the value CE / KD targets
+        train_ds, val_ds = WithValues(train_ds, tok), WithValues(val_ds, tok)
+        print(f"codi: value slots (train) {train_ds.coverage()}")
     dtype = torch.bfloat16 if resolve_precision(cfg.precision)["bf16"] else torch.float32
     base = load_for_lora(sft, dtype, cfg.lora) if cfg.lora.enabled else load_causal_lm(sft, dtype)
     teacher = load_causal_lm(teacher_path, dtype) if teacher_path else None

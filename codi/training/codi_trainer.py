@@ -31,8 +31,9 @@ RECON_LOSS = "recon_loss"  # a sub-loss only when codi.recon_weight > 0
 
 
 def sub_losses(cfg: CodiOptions) -> tuple[str, ...]:
-    """The sub-losses a run logs: the reference's three, and the reconstruction's when it is on."""
-    return SUB_LOSSES + ((RECON_LOSS,) if cfg.recon_weight > 0 else ())
+    """The sub-losses a run logs: the reference's three, and the reconstruction's and the value terms' when on."""
+    return SUB_LOSSES + ((RECON_LOSS,) if cfg.recon_weight > 0 else ()) + (
+        ("value_loss",) if cfg.value_weight > 0 else ()) + (("value_kd_loss",) if cfg.value_kd_weight > 0 else ())
 
 
 RECON_FILE = "recon_decoder.safetensors"  # checkpoints only: the auxiliary decoder (recon_decoder copy)
@@ -40,8 +41,8 @@ RECON_FILE = "recon_decoder.safetensors"  # checkpoints only: the auxiliary deco
 
 def collate_examples(batch: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The codi contract: CodiModel takes the example dicts themselves."""
-    return {"examples": [{"prompt_ids": ex["prompt_ids"], "trace_ids": ex["trace_ids"], "spans": ex["spans"]}
-                         for ex in batch]}
+    keys = ("prompt_ids", "trace_ids", "spans", "value_pos")  # value_pos: the value options (codi.values.WithValues)
+    return {"examples": [{k: ex[k] for k in keys if k in ex} for ex in batch]}
 
 
 def ss_rng(seed: int, step: int, micro: int, rank: int) -> random.Random:
