@@ -52,11 +52,23 @@ class DecodeResult:
     answer_kind: str | None = None  # "return" / "exception" (explicit, latent); None otherwise
     latent_norm: float | None = None    # latent: mean L2 norm of the latent input vectors
     latent_cosine: float | None = None  # latent: mean cosine similarity between its latent blocks (>= 2 blocks)
+    latent_sum: torch.Tensor | None = field(default=None, repr=False)  # latent: sum of its latent inputs [H]
+    latent_count: int = 0                                               # latent: how many latent inputs it fed
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("latent_sum")
         d["frames"] = [asdict(f) for f in self.frames]
         return d
+
+
+def mean_latent(results: Sequence[DecodeResult]) -> torch.Tensor:
+    """The mean latent input over every latent that `results` fed: the constant of the constant-latent ablation."""
+    sums = [r.latent_sum for r in results if r.latent_sum is not None]
+    count = sum(r.latent_count for r in results)
+    if not sums or not count:
+        raise ValueError("mean_latent: the results fed no latent")
+    return torch.stack(sums).sum(0) / count
 
 
 @dataclass
@@ -410,7 +422,8 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
         results.append(DecodeResult(mode=mode, ids=row.ids, text=text, frames=frames, answer=answer,
                                     positions=len(row.ids), latent_blocks=row.latent_blocks, stop=row.stop,
                                     error=error, time_s=row.time_s, answer_kind=kind, latent_norm=norm,
-                                    latent_cosine=cosine))
+                                    latent_cosine=cosine, latent_count=len(row.latents),
+                                    latent_sum=torch.stack(row.latents).sum(0) if row.latents else None))
     return results
 
 

@@ -267,3 +267,74 @@ def markdown_report(overall: dict[str, Any], per_source: dict[str, Any], splits:
                 for level, s in per_difficulty.items()]
         lines += ["", "Accuracy per difficulty level of the graded sources:", "", *_markdown_table(pd.DataFrame(rows))]
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------- what the latents carry (codi.probe)
+PROBE_PNG = "latent_probe.png"
+
+
+def probe_markdown(probe: dict[str, Any] | None, ablation: dict[str, Any] | None,
+                   diagnoses: dict[str, str] | None = None) -> list[str]:
+    """The eval.md section "What the latents carry": the constant-latent ablation per split, the probe per split
+    (majority, linear probe, logit lens at each position; overall, copy, computed) and a diagnosis line per split."""
+    lines: list[str] = []
+    if ablation:
+        rows = []
+        for split, a in ablation.items():
+            row = {"split": split, "n": a["n"], "latent": _fmt(a["latent_accuracy"], True),
+                   "constant latents [95% CI]": _with_ci(a["ablated_accuracy"], a.get("ablated_accuracy_ci")),
+                   "carried = latent - constant [95% CI]": _with_ci(a["carried"], a.get("carried_ci"))}
+            if "direct_accuracy" in a:
+                row["direct"] = _fmt(a["direct_accuracy"], True)
+                row["share of latent's lead kept by constant latents"] = (
+                    "-" if a.get("kept_share") is None else
+                    f"{a['kept_share']:.2f}" + (" [{:.2f}, {:.2f}]".format(*a["kept_share_ci"]) if a.get("kept_share_ci") else ""))
+                row["latents carry the gain"] = "yes" if a.get("latents_carry_gain") else "no"
+            rows.append(row)
+        lines += ["", "### What the latents carry", "",
+                  "Constant-latent ablation: every latent input replaced by the mean latent input (paired bootstrap "
+                  "over problems); the latents carry the gain when constant latents keep at most half of latent's "
+                  "lead over direct.", "", *_markdown_table(pd.DataFrame(rows))]
+    if probe:
+        rows = []
+        for split, p in probe.items():
+            if not isinstance(p, dict):
+                continue
+            readers = [("majority class", p["majority"]), ("linear probe", p["linear"]),
+                       *[(f"logit lens, {k.replace('_', ' ')}", v) for k, v in p["lens"].items()]]
+            for name, b in readers:
+                rows.append({"split": split, "blocks": p["blocks"], "reader": name, "all": _fmt(b["all"], True),
+                             "copy": _fmt(b["copy"], True), "computed": _fmt(b["computed"], True)})
+        lines += ["", f"Latent probe: is the value the previous line assigned decodable from the block standing for "
+                      f"its frame (every text token teacher-forced; linear probe fit on {probe['train_blocks']} train "
+                      "blocks; positions: 0 = latent_start, then each latent)?", "", *_markdown_table(pd.DataFrame(rows))]
+    for split, text in (diagnoses or {}).items():
+        lines += ["", f"Diagnosis ({split}): {text}."]
+    return lines
+
+
+def write_probe_plot(probe: dict[str, Any], plots: Path) -> None:
+    """PROBE_PNG: per held-out split, accuracy by LINE frame index of the majority class, the linear probe and the
+    logit lens's best position."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = [s for s, p in probe.items() if isinstance(p, dict)]
+    fig, axes = plt.subplots(1, max(1, len(splits)), figsize=(5.5 * max(1, len(splits)), 3.6), squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        p = probe[split]
+        best = max(p["lens"], key=lambda k: p["lens"][k]["all"] or 0)
+        for label, b, style in (("majority class", p["majority"], ":"), ("linear probe", p["linear"], "-o"),
+                                (f"logit lens ({best.replace('_', ' ')})", p["lens"][best], "--s")):
+            frames = sorted(b["by_frame"], key=int)
+            ax.plot([int(f) for f in frames], [b["by_frame"][f] for f in frames], style, label=label)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("LINE frame (1 = first)")
+        ax.set_ylabel("value decoded from the block")
+        ax.set_title(f"{split}: {p['blocks']} blocks")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(plots / PROBE_PNG) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)

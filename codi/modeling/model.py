@@ -190,7 +190,7 @@ class CodiModel(nn.Module):
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
         t_ce, t_kd, t_value = self._teacher(plans)
-        s_ce, s_kd, latents, s_value = self._student(plans, flags)
+        s_ce, s_kd, latents, s_value = self._student(plans, flags, values=self.options.uses_values)
 
         counts = [p.n_anchors for p in plans]
         if self.options.single_anchor:  # keep each example's last latent frame's anchors only
@@ -317,12 +317,12 @@ class CodiModel(nn.Module):
         return torch.stack(picked, dim=1)
 
     # ----------------------------------------------------------------------------------- student
-    def _student(self, plans: list[ExamplePlan], flags: list[list[bool]],
+    def _student(self, plans: list[ExamplePlan], flags: list[list[bool]], values: bool = False,
                  block_states: dict[tuple[int, int], torch.Tensor] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], torch.Tensor], "_ValueSlots"]:
         """(per-example CE [n], student KD hiddens [A, L, H] in (example, span, anchor) order, when the
         reconstruction is on each latent span's latent inputs {(example, span): [latent_steps, H]}, and the value
-        slots (the value options)). `block_states`, when given, receives each latent span's post-norm outputs
+        slots (`values`: the plans carry value_pos and a value loss is on)). `block_states`, when given, receives each latent span's post-norm outputs
         at latent_start and at every latent, {(example, span): [latent_steps + 1, H]} (the latent probe).
 
         The value slot of a block is the hidden that feeds its last latent: the last but one latent's output
@@ -345,7 +345,7 @@ class CodiModel(nn.Module):
         req = self._requested(self.student_layers, self.n_states)
         opts = self.options
         value = _ValueSlots()
-        value_states = opts.value_kd_weight > 0
+        value_states = values and opts.value_kd_weight > 0
         embedding = self.model.get_input_embeddings().weight
         zero = torch.zeros((), dtype=self.model.get_input_embeddings().weight.dtype, device=dev)
         with activation_checkpointing(self.model, False):
@@ -367,7 +367,7 @@ class CodiModel(nn.Module):
                     if opts.value_feedback != "none":
                         x = x + value_feedback(self.head, embedding, h, opts.value_feedback)
                     fused = torch.where(act[:, None], x, zero)  # idle rows: zero input
-                    if opts.uses_values:
+                    if values:
                         value.add(plans, active, k - 1, h, last_states, self.value_layers, self.n_states)
                     if inputs is not None:
                         block = torch.stack(inputs + [fused], dim=1)  # [n, latent_steps, H]

@@ -24,3 +24,7 @@ class EvaluateConfig:
     bootstrap_samples: int = option("resamples of the percentile bootstrap over problems behind every interval", ge=100)
     bootstrap_seed: int = option("seed of the bootstrap (fixed: a rerun gives the same intervals)")
     ci_level: float = option("confidence level of the intervals", gt=0.5, lt=1.0)
+    ablate_latents: bool = option("latent: decode again with every latent input replaced by one constant vector (the "
+                                  "mean latent input): what the latents carry is what that loses (codi.probe)")
+    probe_train_examples: int = option("latent probe: train examples whose blocks fit the linear probe (the first "
+                                       "ones of train.arrow); 0 = no probe (codi.probe)", ge=0)

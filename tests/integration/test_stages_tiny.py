@@ -159,6 +159,22 @@ def test_evaluate_outputs(ws):
         assert v["all"]["explicit"]["n"] == len(in_split)
         assert v["all"]["explicit"]["output_accuracy"] == round(sum(r["correct"] for r in in_split) / len(in_split), 4)
     assert all("output_accuracy_lo" in v["all"]["explicit"] for v in by_split.values())
+    # what the latents carry: the constant-latent ablation and the probe, per evaluated split
+    ablation, probe = ev["latent_ablation"], ev["latent_probe"]
+    assert set(ablation) == set(by_split)
+    for split, a in ablation.items():
+        assert a["n"] == by_split[split]["all"]["latent"]["n"]
+        assert a["latent_accuracy"] == by_split[split]["all"]["latent"]["output_accuracy"]
+        assert 0.0 <= a["ablated_accuracy"] <= 1.0 and "latents_carry_gain" in a
+    assert probe["train_blocks"] > 0
+    for split in (s for s in probe if isinstance(probe[s], dict)):
+        p = probe[split]
+        assert p["blocks"] > 0 and sum(p["kinds"].values()) == p["blocks"]
+        for reader in (p["majority"], p["linear"], *p["lens"].values()):
+            assert 0.0 <= reader["all"] <= 1.0 and reader["by_frame"]
+    report = (ws / "metrics/eval.md").read_text()
+    assert "What the latents carry" in report and "Latent probe" in report and "Diagnosis (" in report
+    assert (ws / "plots/eval/latent_probe.png").stat().st_size > 0
 
 
 def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):
@@ -189,6 +205,30 @@ def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):
     capsys.readouterr()
     assert cli(other, "codi") == 0
     assert "resuming from" in capsys.readouterr().out
+
+
+def test_codi_with_the_value_levers_trains_and_evaluates(ws, tmp_path, capsys):
+    """Research IV's levers (value CE with hard feedback, value KD, CODI's answer anchor): the stage trains on each
+    frame's assigned value and logs the value terms, the saved model records them, and evaluate decodes it with the
+    same feedback (its ablation and probe included)."""
+    from codi.modeling import load_codi_model
+
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("checkpoints", "dvclive"))
+    opts = {"latent_steps": 2, "value_weight": 1.0, "value_feedback": "hard", "value_kd_weight": 0.5,
+            "kd_positions": "answer"}
+    write_params(other / "params.yaml", tiny_params(codi=opts))
+    capsys.readouterr()
+    assert cli(other, "codi") == 0
+    assert "value slots (train)" in capsys.readouterr().out
+    state = json.loads(sorted((other / "checkpoints/codi").glob("checkpoint-*"))[-1].joinpath("trainer_state.json")
+                       .read_text())
+    logged = [h for h in state["log_history"] if "value_loss" in h]
+    assert logged and all(h["value_loss"] > 0 and h["value_kd_loss"] > 0 for h in logged)
+    cfg = load_codi_model(other / "models/codi").config.options
+    assert {k: getattr(cfg, k) for k in opts} == opts
+    assert cli(other, "evaluate") == 0
+    assert "latent_ablation" in json.loads((other / "metrics/eval.json").read_text())
 
 
 def test_rerun_resumes_the_finished_run(ws, capsys):
