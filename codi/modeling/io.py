@@ -36,7 +36,8 @@ CODI_CONFIG = "codi_config.json"
 PROJECTOR_FILE = "thought_projector.safetensors"
 FORMAT_VERSION = 4
 # A folder of an older format predates some options: it was trained with their reference behaviour.
-_VALUE_OPTIONS = {"value_weight": 0.0, "value_feedback": "none", "value_kd_weight": 0.0}  # format 4 (research IV)
+_VALUE_OPTIONS = {"value_weight": 0.0, "value_feedback": "none", "value_kd_weight": 0.0,  # format 4 (research IV)
+                  "stage_steps": 0, "stage_reset_optimizer": False, "stage_smoothing": 0.0, "stage_mix_prob": 0.0}
 OLDER_DEFAULTS = {
     1: {"kd_norm": "none", "kd_positions": "action_sep", "recon_weight": 0.0, "recon_decoder": "shared",
         "latent_curriculum_frac": 0.0, "mix_explicit_prob": 0.0, "projector_dropout": 0.0, **_VALUE_OPTIONS},

@@ -174,18 +174,20 @@ class CodiModel(nn.Module):
 
     # ----------------------------------------------------------------------------------- forward
     def forward(self, examples: Sequence[dict[str, Any]], ss_prob: float = 0.0,
-                ss_rng: random.Random | torch.Generator | None = None, latent_share: float = 1.0) -> dict[str, torch.Tensor]:
+                ss_rng: random.Random | torch.Generator | None = None, latent_share: float = 1.0,
+                latent_count: int | None = None) -> dict[str, torch.Tensor]:
         """The loss dict of a batch. `latent_share` (codi.modeling.plan.latent_share) is the share of each
-        example's LINE frames that are latent (the first ones); KD and reconstruction average over the examples
-        that have a latent frame (0 when none has)."""
+        example's LINE frames that are latent (the first ones), or `latent_count` of them when given (the stage
+        curriculum, plan.stage_latent_count); KD and reconstruction average over the examples that have a latent
+        frame (0 when none has)."""
         if not examples:
             raise ValueError("examples: expected a non-empty batch")
         if isinstance(ss_prob, bool) or not isinstance(ss_prob, (int, float)) or not 0.0 <= ss_prob <= 1.0:
             raise ValueError(f"ss_prob = {ss_prob!r}: expected a probability in [0, 1]")
         if ss_prob > 0 and ss_rng is None:
             raise ValueError("ss_rng: scheduled sampling (ss_prob > 0) needs an explicit random.Random or torch.Generator")
-        plans = [plan_example(ex, e, self.token_ids, latent_share, self.options.kd_positions, values=self.options.uses_values)
-                 for e, ex in enumerate(examples)]
+        plans = [plan_example(ex, e, self.token_ids, latent_share, self.options.kd_positions, values=self.options.uses_values,
+                              latent_count=latent_count) for e, ex in enumerate(examples)]
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device

@@ -48,6 +48,14 @@ class CodiOptions:
                                       ge=0.0, lt=1.0)
     projector_dropout: float = option("dropout on the thought projector's input in training (CODI's prj_dropout); "
                                       "0 = none (the reference)", ge=0.0, lt=1.0)
+    stage_steps: int = option("the stage curriculum (research IV, lever c; Coconut, iCoT-SI): stage s = 1, 2, ... lasts "
+                              "this many optimizer steps and makes the first s LINE frames of every example latent "
+                              "(all from the stage past the longest); 0 = off", ge=0)
+    stage_reset_optimizer: bool = option("stage curriculum: reset the optimizer's state at each stage switch")
+    stage_smoothing: float = option("stage curriculum: probability that a batch makes one more frame latent than its "
+                                    "stage (iCoT-SI's removal smoothing)", ge=0.0, le=1.0)
+    stage_mix_prob: float = option("stage curriculum: probability that a batch uses an earlier stage, drawn uniformly "
+                                   "(Coconut's stage mixing)", ge=0.0, le=1.0)
     value_weight: float = option("weight of the value CE (research IV, lever a): the value slot's hidden (the one that "
                                  "feeds a block's last latent) must predict, through the tied head, the first token of "
                                  "the value the previous line assigned (codi.values); 0 = off", ge=0.0)
@@ -73,6 +81,9 @@ class CodiOptions:
         if self.value_feedback != "none" and self.latent_steps == 0:
             raise ConfigError(f"codi.value_feedback = {self.value_feedback!r} feeds a block's last latent, but "
                               "codi.latent_steps = 0 makes no latents")
+        if self.stage_steps > 0 and self.latent_curriculum_frac > 0:
+            raise ConfigError("codi.stage_steps > 0 (the stage curriculum) and codi.latent_curriculum_frac > 0 (the "
+                              "ramp) both schedule the latent frames: set one of them to 0")
         if self.value_kd_weight > 0 and self.latent_steps < 2:
             raise ConfigError("codi.value_kd_weight > 0 aligns every layer at the value slot, a latent of its own: "
                               f"it needs codi.latent_steps >= 2 (got {self.latent_steps})")

@@ -140,13 +140,14 @@ def check_value_pos(ex: Mapping[str, Any], index: int, spans: tuple[tuple[int, i
 
 def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_share: float = 1.0,
                  kd_positions: Literal["action_sep", "action_line", "answer"] = "action_sep",
-                 values: bool = False) -> ExamplePlan:
+                 values: bool = False, latent_count: int | None = None) -> ExamplePlan:
     """Check an example and lay out its student rounds (see the module docstring): the first
-    latent_frames(len(spans), latent_share) LINE frames are latent; KD anchors at kd_positions (CodiOptions);
-    `values`: read and check the example's `value_pos` (the value options)."""
+    latent_frames(len(spans), latent_share) LINE frames are latent, or the first `latent_count` when given (the
+    stage curriculum); KD anchors at kd_positions (CodiOptions); `values`: read and check the example's `value_pos`."""
     prompt, trace, all_spans = check_example(ex, index, ids)
     value_pos = check_value_pos(ex, index, all_spans) if values else ()
-    spans = all_spans[:latent_frames(len(all_spans), latent_share)]
+    n_latent = latent_frames(len(all_spans), latent_share) if latent_count is None else min(latent_count, len(all_spans))
+    spans = all_spans[:n_latent]
     value_pos = value_pos[:len(spans)]
     ls, le = ids.latent_start, ids.latent_end
     n = len(spans)
@@ -214,3 +215,19 @@ def draw_uniform(rng: random.Random | torch.Generator) -> float:
     if isinstance(rng, torch.Generator):
         return float(torch.rand((), generator=rng, device=rng.device))
     raise ValueError(f"ss_rng: expected a random.Random or torch.Generator, got {type(rng).__name__}")
+
+
+def stage_of(step: int, stage_steps: int) -> int:
+    """The stage curriculum's stage (1, 2, ...) at optimizer step `step` (codi.stage_steps > 0)."""
+    return step // stage_steps + 1
+
+
+def stage_latent_count(step: int, stage_steps: int, smoothing: float, mix_prob: float, rng: random.Random) -> int:
+    """LINE frames made latent in one batch at optimizer step `step`: its stage, an earlier stage drawn uniformly
+    with probability `mix_prob` (Coconut's stage mixing), plus one with probability `smoothing` (iCoT-SI's removal
+    smoothing). Two draws from `rng`, always both (a pure function of the generator's state)."""
+    stage = stage_of(step, stage_steps)
+    mix, smooth = rng.random(), rng.random()
+    if stage > 1 and mix < mix_prob:
+        stage = 1 + int(mix / mix_prob * (stage - 1))  # uniform over the earlier stages 1 .. stage - 1
+    return stage + (1 if smooth < smoothing else 0)

@@ -22,7 +22,7 @@ from codi.decoding import iter_decode
 from codi.lora import ADAPTER_DIR, LoraRun
 from codi.modeling import CodiOptions, save_codi_model, ss_ramp
 from codi.modeling.io import PROJECTOR_FILE
-from codi.modeling.plan import latent_share
+from codi.modeling.plan import latent_share, stage_latent_count, stage_of
 from codi.training.grouped import LengthGroupedTrainer
 from codi.training.tracking import experiment_name
 
@@ -43,6 +43,11 @@ def collate_examples(batch: list[dict[str, Any]]) -> dict[str, list[dict[str, An
     """The codi contract: CodiModel takes the example dicts themselves."""
     keys = ("prompt_ids", "trace_ids", "spans", "value_pos")  # value_pos: the value options (codi.values.WithValues)
     return {"examples": [{k: ex[k] for k in keys if k in ex} for ex in batch]}
+
+
+def stage_rng(seed: int, step: int, micro: int, rank: int) -> random.Random:
+    """The stage curriculum's draws (mixing, smoothing) as a pure function of (seed, step, micro-batch, rank)."""
+    return random.Random(f"codi-stage/{seed}/{step}/{micro}/{rank}")
 
 
 def ss_rng(seed: int, step: int, micro: int, rank: int) -> random.Random:
@@ -116,6 +121,7 @@ class CodiTrainer(LengthGroupedTrainer):
         self.record = record
         self._window: dict[str, list[float]] = defaultdict(list)
         self._micro = (-1, 0)  # (step, micro-batch index within it)
+        self._reset_at = -1    # the step whose stage switch last reset the optimizer
 
     def ss_prob(self) -> float:
         c = self.codi_cfg
@@ -126,17 +132,34 @@ class CodiTrainer(LengthGroupedTrainer):
         return latent_share(self.state.global_step, self.state.max_steps, c.latent_curriculum_frac, c.mix_explicit_prob)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        step = self.state.global_step
+        step, c = self.state.global_step, self.codi_cfg
         micro = self._micro[1] + 1 if self._micro[0] == step else 0
         self._micro = (step, micro)
         p = self.ss_prob() if model.training else 0.0
         rng = ss_rng(self.codi_cfg.seed, step, micro, self.args.process_index) if p > 0 else None
         share = self.latent_share() if model.training else 1.0
-        out = model(inputs["examples"], ss_prob=p, ss_rng=rng, latent_share=share)
+        count = None
+        if model.training and c.stage_steps > 0:  # the stage curriculum: this batch's latent frames
+            count = stage_latent_count(step, c.stage_steps, c.stage_smoothing, c.stage_mix_prob,
+                                       stage_rng(c.seed, step, micro, self.args.process_index))
+            self._window["latent_frames"].append(float(count))
+        out = model(inputs["examples"], ss_prob=p, ss_rng=rng, latent_share=share, latent_count=count)
         if model.training:
             for k in sub_losses(self.codi_cfg):
                 self._window[k].append(out[k].item())
         return (out["loss"], out) if return_outputs else out["loss"]
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        c, step = self.codi_cfg, self.state.global_step
+        if (c.stage_steps > 0 and c.stage_reset_optimizer and step > 0 and step % c.stage_steps == 0
+                and self._reset_at != step):
+            # A stage switch (Coconut, iCoT-SI): the optimizer starts afresh. Keyed on the step alone, so a run
+            # resumed from the checkpoint at the switch resets where the uninterrupted one did.
+            inner = getattr(self.optimizer, "optimizer", self.optimizer)
+            inner.state.clear()
+            self._reset_at = step
+            print(f"codi: stage {stage_of(step, c.stage_steps)} from step {step}: optimizer state reset")
+        return super().training_step(model, inputs, num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._window:  # a training log: the window's sub-losses, averaged over the ranks

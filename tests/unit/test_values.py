@@ -184,3 +184,28 @@ def test_answer_anchor_is_the_entry_exits_arg_sep_only():
     assert full[pos] == TOKEN_IDS.arg_sep and TOKEN_IDS.arg_sep not in full[pos + 1:]
     m = codi_model(tiny_base(), TOKEN_IDS, 2, kd_positions="answer", **W)
     assert torch.isfinite(m([ex])["kd_loss"])
+
+
+# ------------------------------------------------------------------------------ the stage curriculum
+def test_stage_latent_count_is_the_stage_with_mixing_and_smoothing():
+    from codi.modeling.plan import stage_latent_count, stage_of
+    assert [stage_of(s, 100) for s in (0, 99, 100, 250)] == [1, 1, 2, 3]
+    plain = [stage_latent_count(s, 100, 0.0, 0.0, random.Random(s)) for s in (0, 150, 420)]
+    assert plain == [1, 2, 5]
+    rng = random.Random(0)
+    counts = [stage_latent_count(400, 100, 0.0, 1.0, rng) for _ in range(2000)]  # stage 5, always an earlier one
+    assert set(counts) == {1, 2, 3, 4} and min(counts.count(k) for k in range(1, 5)) > 400
+    rng = random.Random(0)
+    counts = [stage_latent_count(0, 100, 0.3, 0.0, rng) for _ in range(2000)]    # stage 1, +1 three times in ten
+    assert set(counts) == {1, 2} and 0.25 < counts.count(2) / 2000 < 0.35
+
+
+def test_latent_count_makes_the_first_frames_latent():
+    from codi.modeling.plan import plan_example
+    ex = make_example(random.Random(2), 4)
+    assert plan_example(ex, 0, TOKEN_IDS, latent_count=2).spans == tuple(ex["spans"][:2])
+    assert plan_example(ex, 0, TOKEN_IDS, latent_count=9).spans == tuple(ex["spans"])
+    m = codi_model(tiny_base(), TOKEN_IDS, 1, **W)
+    assert torch.isfinite(m([ex], latent_count=1)["loss"])
+    with pytest.raises(ConfigError, match="codi.stage_steps"):
+        codi_model(tiny_base(), TOKEN_IDS, 1, stage_steps=10, latent_curriculum_frac=0.5, **W)
