@@ -13,7 +13,7 @@ from codi.sources import source_names
 SYNTHETIC_TEMPLATES = ("arith_chain", "branch", "early_return", "ternary", "for_range", "while_loop",
                        "list_accumulate", "list_build", "list_ops", "string_loop", "string_ops", "dict_count",
                        "dict_map", "helper_call", "scan_best", "recursion_int", "recursion_list", "recursion_str",
-                       "nested_range", "nested_lists", "chain", "chain_const", "chain_fresh")
+                       "nested_range", "nested_lists", "chain", "chain_const", "chain_fresh", "chain_branch")
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,19 @@ def chain_fresh(g: Gen) -> Draft:
     return Draft(func(name, names[:1], body), name, [g.small_int()])
 
 
+def chain_branch(g: Gen) -> Draft:
+    """chain_const with a branch on the carried value at each step (`if b > 4:` / `    b = b - 2`): which line
+    runs next depends on the value the line before computed, so a model that does not carry the value cannot
+    write the next action line (research IV, lever e: control flow puts the value into the trace's own CE)."""
+    name = g.fresh(ENTRY_NAMES)
+    a, acc = g.names(2)
+    body = [f"{acc} = {g.arith(a)}"]
+    for _ in range(g.steps() - 1):
+        body += [f"if {g.cond(acc)}:", f"    {acc} = {g.arith(acc)}"]
+    body.append(f"return {acc}")
+    return Draft(func(name, [a], body), name, [g.small_int()])
+
+
 def branch(g: Gen) -> Draft:
     rng = g.rng
     name = g.fresh(ENTRY_NAMES)
@@ -487,6 +500,6 @@ TEMPLATES: tuple[Template, ...] = (
     # Appended, so that drawing among the templates above stays byte-identical: a level-1 template that
     # `difficulty` alone never draws; `SyntheticConfig.templates` names it (the task ladder's rungs).
     Template("chain", 1, chain, by_level=False), Template("chain_const", 1, chain_const, by_level=False),
-    Template("chain_fresh", 1, chain_fresh, by_level=False),
+    Template("chain_fresh", 1, chain_fresh, by_level=False), Template("chain_branch", 1, chain_branch, by_level=False),
 )
 TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)
