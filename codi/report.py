@@ -313,14 +313,22 @@ def probe_markdown(probe: dict[str, Any] | None, ablation: dict[str, Any] | None
     return lines
 
 
-def write_probe_plot(probe: dict[str, Any], plots: Path) -> None:
+def write_probe_plot(probe: dict[str, Any] | None, plots: Path, why_none: str = "") -> None:
     """PROBE_PNG: per held-out split, accuracy by LINE frame index of the majority class, the linear probe and the
-    logit lens's best position."""
+    logit lens's best position; without a probe, a figure that says why (`why_none`)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    splits = [s for s, p in probe.items() if isinstance(p, dict)]
+    splits = [s for s, p in (probe or {}).items() if isinstance(p, dict)]
+    if not splits:
+        fig, ax = plt.subplots(figsize=(6, 1.6))
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"no latent probe: {why_none or 'no block held an assigned value'}", ha="center", va="center")
+        with atomic_path(plots / PROBE_PNG) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+        plt.close(fig)
+        return
     fig, axes = plt.subplots(1, max(1, len(splits)), figsize=(5.5 * max(1, len(splits)), 3.6), squeeze=False)
     for ax, split in zip(axes[0], splits):
         p = probe[split]

@@ -178,8 +178,8 @@ def run(params: EvaluateParams, cache: Path, sft: Path, codi: Path, direct: Path
     write_json(metrics_dir / "eval_by_split.json", by_split)
     write_predictions(rows, generated, predictions)
     write_plots(overall, per_source, plots)
-    if probe:
-        write_probe_plot(probe, plots)
+    write_probe_plot(probe, plots, why_none="" if cfg.probe_train_examples and "latent" in cfg.modes else
+                     "evaluate.probe_train_examples = 0 or no latent mode")
     report = markdown_report(overall, per_source, cfg.splits, by_level, diagnostics, by_split)
     if probe or ablation:
         report += "\n".join(probe_markdown(probe, ablation, diagnoses)) + "\n"
