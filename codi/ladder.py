@@ -116,9 +116,13 @@ def _read(ref: str, path: str, cwd: Path) -> Any:
 
 
 def rung_row(name: str, params: dict[str, Any], by_split: dict[str, Any], precompute: dict[str, Any],
-             timings: dict[str, float], base_params: dict[str, Any]) -> dict[str, Any]:
+             timings: dict[str, float], base_params: dict[str, Any], evaluation: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
     """One experiment's ladder row: its params diff against `base_params`, per split (val, test) each mode's
-    synthetic accuracy with its interval and the latent-vs-explicit ratios, and the task's size per call."""
+    synthetic accuracy with its interval and the latent-vs-explicit ratios, and the task's size per call; with
+    `evaluation` (metrics/eval.json), per split what the latents carry (codi.probe): the constant-latent ablation
+    (accuracy with interval, the share of latent's lead over direct it keeps, whether the latents carry the gain)
+    and the probe (majority class, linear probe overall / copy / computed). Over all sources of the split."""
     flat, base = flatten(params), flatten(base_params)
     row: dict[str, Any] = {"experiment": name,
                            "params_diff": {k: v for k, v in flat.items() if base.get(k) != v and k in base}}
@@ -134,6 +138,16 @@ def rung_row(name: str, params: dict[str, Any], by_split: dict[str, Any], precom
         for ratio in ("retention", "compression", "speedup"):
             if s.get(ratio) is not None:
                 out[ratio] = [s[ratio], s.get(f"{ratio}_lo"), s.get(f"{ratio}_hi")]
+        ablation = (evaluation or {}).get("latent_ablation", {}).get(split)
+        if ablation:
+            out["constant_latents"] = [ablation["ablated_accuracy"], *(ablation.get("ablated_accuracy_ci") or [None, None])]
+            out["kept_share"] = [ablation.get("kept_share"), *(ablation.get("kept_share_ci") or [None, None])]
+            out["latents_carry_gain"] = ablation.get("latents_carry_gain")
+        probe = (evaluation or {}).get("latent_probe", {}).get(split)
+        if probe:
+            out["probe"] = {"blocks": probe["blocks"], "majority": probe["majority"]["all"],
+                            **{f"linear_{k}": probe["linear"][k] for k in ("all", "copy", "computed")},
+                            "lens_best": max(v["all"] or 0 for v in probe["lens"].values())}
         row[split] = out
     size = precompute.get("tokens_by_source", {}).get(SOURCE, {})
     row["line_frames"] = size.get("mean_line_frames")
@@ -169,9 +183,13 @@ def collect(prefix: str = "ladder", cwd: Path = ROOT, head: bool = False,
                 timings[stage] = _read(ref, f"metrics/{stage}.json", cwd).get("train_runtime_s")
             except subprocess.CalledProcessError:
                 pass
+        try:  # what the latents carry: written by evaluate since research IV
+            evaluation = _read(ref, "metrics/eval.json", cwd)
+        except subprocess.CalledProcessError:
+            evaluation = None
         params = _read(ref, "params.yaml", cwd)
         row = rung_row(name, params, _read(ref, "metrics/eval_by_split.json", cwd),
-                       _read(ref, "metrics/precompute.json", cwd), timings, base_params)
+                       _read(ref, "metrics/precompute.json", cwd), timings, base_params, evaluation)
         rows.append(row | {"rung": rung_of(params, rungs)})
     order = {r.name: k for k, r in enumerate(rungs)}
     return sorted(rows, key=lambda r: (order.get(r["rung"], len(order)), r["experiment"]))
