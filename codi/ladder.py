@@ -226,6 +226,30 @@ def markdown_table(rows: list[dict[str, Any]], split: str = "test") -> str:
     return "\n".join(lines)
 
 
+def carried_table(rows: list[dict[str, Any]], split: str = "test") -> str:
+    """What the latents carry on `split` (rows collected since research IV): latent beside constant latents and
+    direct, the share of latent's lead the constant keeps (<= 0.5: the latents carry the gain), the probe's
+    linear reading of the assigned value (all, copy, computed) against the majority class, and the logit lens's
+    best position; all sources of the split."""
+    head = ["experiment", "latent", "constant latents", "direct", "lead kept by constant", "latents carry the gain",
+            "probe linear (copy / computed)", "majority", "logit lens best", "other params diff"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        s = r.get(split, {})
+        if "constant_latents" not in s:
+            continue
+        p = s.get("probe") or {}
+        pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+        probe = (f"{pct(p.get('linear_all'))} ({pct(p.get('linear_copy'))} / {pct(p.get('linear_computed'))})"
+                 if p else "-")
+        cells = [r["experiment"], _acc(s.get("latent")), _acc(s.get("constant_latents")), _acc(s.get("direct")),
+                 _ratio(s.get("kept_share")) if s.get("kept_share", [None])[0] is not None else "-",
+                 "yes" if s.get("latents_carry_gain") else "no", probe, pct(p.get("majority")),
+                 pct(p.get("lens_best")), _other_diff(r)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _other_diff(row: dict[str, Any]) -> str:
     other = {k: v for k, v in row["params_diff"].items() if not k.startswith("extract.synthetic.")}
     return ", ".join(f"`{k}={v}`" for k, v in other.items()) or "-"
@@ -325,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows = json.loads(args.data.read_text())
             print(markdown_table(rows, args.split))
+            if any("constant_latents" in r.get(args.split, {}) for r in rows):
+                print("\nWhat the latents carry:\n")
+                print(carried_table(rows, args.split))
             if args.plot:
                 plot(rows, args.plot, args.split)
     except ConfigError as e:

@@ -127,3 +127,20 @@ def test_collect_reads_finished_experiments_from_their_git_refs(tmp_path):
     rows = sorted(rows, key=lambda r: r["experiment"])
     assert rows[0]["params_diff"] == {"extract.synthetic.chain_steps": [3, 5]}
     assert rows[0]["val"]["explicit"][0] == 0.9 and rows[0]["seconds"] == {"sft": 100.0}
+
+
+def test_rung_row_carries_the_ablation_and_probe_and_the_table_shows_them():
+    from codi.ladder import carried_table, rung_row
+    lens = {"position_0": {"all": 0.1}, "position_1": {"all": 0.4}}
+    evaluation = {"latent_ablation": {"test": {"ablated_accuracy": 0.12, "ablated_accuracy_ci": [0.1, 0.14],
+                                               "kept_share": 0.05, "kept_share_ci": [-0.1, 0.2],
+                                               "latents_carry_gain": True}},
+                  "latent_probe": {"test": {"blocks": 40, "majority": {"all": 0.15}, "lens": lens,
+                                            "linear": {"all": 0.5, "copy": 0.6, "computed": 0.4}}}}
+    row = rung_row("r4-x", {"gamma": 0.5}, _by_split(0.8), {}, {}, {"gamma": 0.5}, evaluation)
+    assert row["test"]["constant_latents"] == [0.12, 0.1, 0.14] and row["test"]["latents_carry_gain"]
+    assert row["test"]["probe"] == {"blocks": 40, "majority": 0.15, "linear_all": 0.5, "linear_copy": 0.6,
+                                    "linear_computed": 0.4, "lens_best": 0.4}
+    assert "val" not in row or "constant_latents" not in row["val"]
+    table = carried_table([row], "test")
+    assert "| r4-x | 37.5% [0.0, 75.0] | 12.0% [10.0, 14.0] | 10.0% | 0.05 [-0.10, 0.20] | yes | 50.0% (60.0% / 40.0%) | 15.0% | 40.0% | - |" in table
