@@ -86,7 +86,9 @@ def run(params_path: Path, seed: int, programs: int, out: Path, cache: Path, mod
         shas = {s: write_split(r, fresh_cache / f"{s}.arrow") for s, r in by_split.items()}
         write_json(fresh_cache / "manifest.json", cache_manifest(by_split, shas, tok, params.precompute,
                                                                 params.model, dropped))
-        eval_params = evaluate.EvaluateParams(dataclasses.replace(params.evaluate, splits=["test"], max_examples=0))
+        # accuracies only: the fresh cache has no train split for the latent probe to fit on
+        eval_params = evaluate.EvaluateParams(dataclasses.replace(params.evaluate, splits=["test"], max_examples=0,
+                                                                  probe_train_examples=0, ablate_latents=False))
         evaluate.run(eval_params, fresh_cache, models["sft"], models["codi"], models["sft_direct"], out,
                      out / "predictions.parquet", tmp / "plots")
     fresh = json.loads((out / "eval_by_split.json").read_text())["test"][SYNTHETIC]

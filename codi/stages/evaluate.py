@@ -91,9 +91,9 @@ def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path) -> Loade
 
 
 def latent_probe(loaded: LoadedMode, examples: list[dict[str, Any]], cache_dir: Path, cfg: EvaluateConfig
-                 ) -> dict[str, Any]:
+                 ) -> dict[str, Any] | None:
     """codi.probe.probe_report of the latent model: the linear probe fit on the first probe_train_examples train
-    examples' blocks, scored per evaluated split."""
+    examples' blocks, scored per evaluated split; None (said) when no train block holds a value."""
     from codi.modeling import CodiModel
     from codi.tokens import token_ids
 
@@ -109,6 +109,10 @@ def latent_probe(loaded: LoadedMode, examples: list[dict[str, Any]], cache_dir: 
     texts = train_ds.column("trace_text")
     train = [train_ds[k] | {"trace_text": texts[k]} for k in range(len(train_ds))]
     train_blocks = collect_blocks(model, train, slots(train), cfg.batch_size, progress="probe: train blocks")
+    if not len(train_blocks):
+        print(f"evaluate: no latent probe: no LINE frame with an assigned value in the first "
+              f"{cfg.probe_train_examples} examples of {cache_dir / 'train.arrow'}")
+        return None
     held_out = {}
     for split in dict.fromkeys(e["split"] for e in examples):
         exs = [e for e in examples if e["split"] == split]
