@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from codi.report import compact, write_plots
+from codi.report import compact, write_plots, write_probe_plot
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ["explicit", "latent", "direct"]
@@ -46,6 +46,7 @@ def _render_plots_module() -> Any:
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("eval_plots")
     write_plots(OVERALL, PER_SOURCE, tmp / "written")
+    write_probe_plot(None, tmp / "written", why_none="a test without a latent model")
     project = _render_plots_module().make_project(tmp / "project", tmp / "written")
     done = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "--json", "-o", str(tmp / "out")],
                           cwd=project, capture_output=True, text=True, timeout=120, check=False)
@@ -63,7 +64,7 @@ def test_eval_plots_render_without_errors(rendered: dict[str, Any]) -> None:
     assert "errors" not in rendered
     assert set(rendered["data"]) == {f"plots/eval/{name}" for name in (
         "accuracy.csv", "accuracy_by_source.csv", "accuracy_vs_positions.csv",
-        "accuracy.png", "accuracy_by_source.png", "accuracy_vs_positions.png")}
+        "accuracy.png", "accuracy_by_source.png", "accuracy_vs_positions.png", "latent_probe.png")}
 
 
 def test_accuracy_plot_is_one_bar_per_mode_at_its_eval_json_value(rendered: dict[str, Any]) -> None:
