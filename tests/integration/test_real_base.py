@@ -305,7 +305,8 @@ def pipeline(base_folder, tmp_path_factory) -> tuple[str, Path, Path]:
     write_params(ws / "params.yaml", params)
     for stage in (["extract"], ["precompute"], ["sft"], ["sft_direct"], ["codi"]):
         assert cli(ws, *stage) == 0, stage
-    frozen = {**params, "codi": {**params["codi"], "frozen_teacher": str(ws / "models/sft")}}
+    # value KD aligns the shared-weight teacher's layers (a frozen teacher is refused with it: test_modeling)
+    frozen = {**params, "codi": {**params["codi"], "frozen_teacher": str(ws / "models/sft"), "value_kd_weight": 0.0}}
     write_params(ws / "frozen.yaml", frozen)
     assert cli(ws, "codi", "--out", "models/codi_frozen", "--checkpoints", "checkpoints/codi_frozen",
                "--metrics", "metrics/codi_frozen.json", "--plots", "plots/codi_frozen",

@@ -209,3 +209,8 @@ def test_latent_count_makes_the_first_frames_latent():
     assert torch.isfinite(m([ex], latent_count=1)["loss"])
     with pytest.raises(ConfigError, match="codi.stage_steps"):
         codi_model(tiny_base(), TOKEN_IDS, 1, stage_steps=10, latent_curriculum_frac=0.5, **W)
+
+
+def test_value_kd_with_a_frozen_teacher_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="codi.value_kd_weight"):
+        codi_model(tiny_base(), TOKEN_IDS, 2, value_kd_weight=1.0, frozen_teacher=tiny_base(seed=1), **W)
