@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from codi.config import load_params  # noqa: E402
+from codi.infra.config import load_params  # noqa: E402
 from codi.modeling.losses import token_ce  # noqa: E402
 from codi.modeling.plan import plan_example  # noqa: E402
 from tests.codi_oracle import TOKEN_IDS, codi_model, make_example, oracle_forward, tiny_base  # noqa: E402

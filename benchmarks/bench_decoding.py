@@ -28,10 +28,10 @@ import time
 import torch
 from torch import nn
 
-from codi.answers import answers_match
-from codi.decoding import LATENT, decode
-from codi.tokens import ACTION_SEP, EOS, FRAME_SEP, PAD, TRACE_TOKENS, add_trace_tokens, token_ids
+from codi.data.answers import answers_match
+from codi.evaluation.decoding import LATENT, decode
 from codi.tracing.format import Frame, encode_locals, encode_value, entry_exit, parse_trace, render_frame, render_prompt
+from codi.tracing.tokens import ACTION_SEP, EOS, FRAME_SEP, PAD, TRACE_TOKENS, add_trace_tokens, token_ids
 
 TEMPLATES = [
     ("def f(a, b):\n    y = a * {c}\n    if y > b:\n        y = y - b\n    return y + {d}\n",
@@ -169,9 +169,9 @@ def load_models(args):
     """(sft model, codi model, projector, latent_steps, tokenizer, examples) from trained folders and a cache split."""
     from transformers import AutoModelForCausalLM
 
-    from codi.data import CacheDataset
+    from codi.data.cache import CacheDataset
     from codi.modeling import load_codi_model
-    from codi.tokens import load_tokenizer
+    from codi.tracing.tokens import load_tokenizer
 
     tok = load_tokenizer(args.sft)
     sft = AutoModelForCausalLM.from_pretrained(args.sft, dtype=torch.float32).eval()

@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench_sandbox import generated, mbpp  # noqa: E402  (benchmarks/ is on sys.path as the script's dir)
 
-from codi.config import load_params  # noqa: E402
+from codi.infra.config import load_params  # noqa: E402
 from codi.schemas.extract import ExtractConfig  # noqa: E402
 from codi.sources.base import Sample  # noqa: E402
-from codi.stages.extract import trace_row  # noqa: E402
+from codi.data.traces import trace_row  # noqa: E402
 from codi.tracing.cluster import open_tracer  # noqa: E402
 
 SHIPPED = load_params(ROOT / "params.yaml")  # config dataclasses have no defaults

@@ -14,7 +14,7 @@ time) and the sequence are the real ones. On a GPU the default is the whole 24-l
 
 Model: a randomly initialised Qwen2ForCausalLM of Qwen2.5-Coder-0.5B's published shape (config values
 hard-coded below, no weights downloaded), with its embedding table sized as the pipeline leaves it
-(codi.base_model.build_base: the Qwen2.5 tokenizer's 151,665 tokens + the 10 trace tokens fit inside
+(codi.modeling.base_model.build_base: the Qwen2.5 tokenizer's 151,665 tokens + the 10 trace tokens fit inside
 config.json's padded 151,936 rows, which `init_new_token_rows` keeps: the trace tokens take padding rows, set
 to the mean of the known rows). It is wrapped
 exactly as the codi stage wraps it: `CodiModel.from_config(base, ids, params.codi, params.loss_weights)`
@@ -66,9 +66,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_codi_model import PeakCUDA, PeakRSS  # noqa: E402  (also puts the repo root on sys.path)
-from codi.config import load_params  # noqa: E402
+
+from codi.infra.config import load_params  # noqa: E402
 from codi.modeling import CodiModel  # noqa: E402
-from codi.tokens import TraceTokenIds  # noqa: E402
+from codi.tracing.tokens import TraceTokenIds  # noqa: E402
 from codi.training.args import training_arguments  # noqa: E402
 from tests.codi_oracle import TOKEN_IDS as ORACLE_IDS  # noqa: E402
 from tests.codi_oracle import make_example  # noqa: E402
@@ -81,7 +82,7 @@ QWEN25_CODER_05B = dict(
     eos_token_id=151643, use_sliding_window=False, sliding_window=32768, max_window_layers=24,
 )
 QWEN_TOKENIZER_LEN = 151665  # 151,643 BPE tokens + 22 special tokens (<|endoftext|> = 151643, <|im_start|>, ...)
-N_TRACE_TOKENS = 10          # codi.tokens.TRACE_TOKENS; Qwen's tokenizer has pad and eos already
+N_TRACE_TOKENS = 10          # codi.tracing.tokens.TRACE_TOKENS; Qwen's tokenizer has pad and eos already
 PIPELINE_VOCAB = 151936      # rows after build_base: the padded table is kept (151,675 tokens fit in it)
 ENDOFTEXT = 151643
 

@@ -3,9 +3,9 @@
     python benchmarks/bench_precompute.py [--programs 1500] [--batch 256]
 
 Traces synthetic programs in the sandbox, trains the tiny default tokenizer on them, then measures in one
-run, on the same examples: (a) the stage's path, `codi.spans.encode_examples` (one call of the Rust tokenizer
+run, on the same examples: (a) the stage's path, `codi.data.spans.encode_examples` (one call of the Rust tokenizer
 per batch, spans from its character-to-token map, every span verified by one batched decode); (b) the naive
-path, `tokenizer(text)` per example and spans by searching the token ids (`codi.spans.encode_naive`,
+path, `tokenizer(text)` per example and spans by searching the token ids (`codi.data.spans.encode_naive`,
 which verifies nothing). Prints examples/s of each and the ratio, and checks both found the same spans.
 """
 
@@ -16,13 +16,13 @@ import dataclasses
 import time
 from pathlib import Path
 
-from codi.base_model import train_tiny_tokenizer
+from codi.data.spans import encode_examples, encode_naive
+from codi.infra.config import load_params
+from codi.modeling.base_model import train_tiny_tokenizer
 from codi.sources.synthetic import generate
-from codi.spans import encode_examples, encode_naive
-from codi.tokens import token_ids
 from codi.tracing.format import locals_offsets, render_prompt, render_trace
 from codi.tracing.sandbox import TracerPool
-from codi.config import load_params
+from codi.tracing.tokens import token_ids
 
 SHIPPED = load_params(Path(__file__).resolve().parents[1] / "params.yaml")  # config dataclasses have no defaults
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from codi.infra.config import load_params
 from codi.schemas.extract import TraceConfig  # noqa: E402
 from codi.sources.base import Sample  # noqa: E402
 from codi.tracing.sandbox import TracerPool, trace_in_fresh_interpreter  # noqa: E402
-from codi.config import load_params
 
 SHIPPED = load_params(Path(__file__).resolve().parents[1] / "params.yaml")  # config dataclasses have no defaults
 

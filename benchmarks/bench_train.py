@@ -4,7 +4,7 @@ default batching, and against the same recipe under torch.compile.
     python benchmarks/bench_train.py [--steps 30] [--programs 800] [--batch 8] [--no-compile]
 
 Builds a small cache the way the pipeline does (synthetic programs traced in the sandbox, the tiny tokenizer,
-`codi.spans`), then times optimizer steps (forward + backward + AdamW) of the model sized by params.yaml
+`codi.data.spans`), then times optimizer steps (forward + backward + AdamW) of the model sized by params.yaml
 `model.tiny`, in one run: random batches with an attention mask (HF's defaults), length-grouped batches without
 a mask (the sft stage), and the latter compiled (torch.compile, dynamic shapes; its compile time apart).
 Useful tokens are non-padding tokens; the padding share of each batching is printed too. Where the time of a
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from codi.base_model import tiny_model, train_tiny_tokenizer
-from codi.batching import CausalLMCollator
-from codi.config import load_params
+from codi.data.batching import CausalLMCollator
+from codi.data.spans import encode_examples
+from codi.infra.config import load_params
+from codi.modeling.base_model import tiny_model, train_tiny_tokenizer
 from codi.sources.synthetic import generate
-from codi.spans import encode_examples
 from codi.tracing.format import locals_offsets, render_prompt, render_trace
 from codi.tracing.sandbox import TracerPool
 

@@ -3,7 +3,7 @@
     python benchmarks/run_profile.py gpu-h200 --work /tmp/prof --json /tmp/prof.json          # on the GPU
     python benchmarks/run_profile.py gpu-h200 --tiny --work /tmp/prof --json /tmp/prof.json   # CPU dry run
 
-Writes `<work>/params.yaml` (params.yaml + the profile: `python -m codi.profile params`), then runs every stage
+Writes `<work>/params.yaml` (params.yaml + the profile: `python -m experiments.profile params`), then runs every stage
 of dvc.yaml as its `cmd` says, `python -m codi <stage> <the cmd's paths>`, with `--params <work>/params.yaml`
 and the current interpreter, from inside `<work>` (so every output lands there and the repository's own
 `data/`, `models/`, `metrics/` are never touched). A stage that fails stops the run. The JSON holds each stage's
@@ -74,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
 
-    rc = subprocess.run([sys.executable, "-m", "codi.profile", "params", args.profile, "--out", str(params),
+    rc = subprocess.run([sys.executable, "-m", "experiments.profile", "params", args.profile, "--out", str(params),
                          *(["--tiny"] if args.tiny else [])], cwd=ROOT, env=env).returncode
     if rc != 0:
-        result["failed"] = f"python -m codi.profile params: exit status {rc}"
+        result["failed"] = f"python -m experiments.profile params: exit status {rc}"
         write()
         return 1
     result["params"] = yaml.safe_load(params.read_text())

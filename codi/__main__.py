@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codi.config import UserError, describe, load_params, sections, to_dict
+from codi.infra.config import UserError, describe, get_dotted, load_params, sections, to_dict
 
 # No command reaches the network unless asked to; a user's own setting wins.
 OFFLINE_ENV = {"DVC_NO_ANALYTICS": "1", "DVC_STUDIO_OFFLINE": "true", "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -44,7 +44,7 @@ def _train_paths(stage: str, start: str, start_default: str) -> dict[str, str]:
             "--live": f"dvclive/{stage}"}
 
 
-# The stages' import closures are separate: nothing here imports a stage module (codi.provenance reads this).
+# The stages' import closures are separate: nothing here imports a stage module (codi.infra.provenance reads this).
 COMMANDS: dict[str, Command] = {
     "extract": Command("codi.stages.extract:run", "trace every configured source in the sandbox",
                        {"--out": "data/traces", "--metrics": "metrics/extract.json"}),
@@ -66,7 +66,7 @@ COMMANDS: dict[str, Command] = {
 
 
 def stage_module(command: str) -> str:
-    """The module that runs `command` (what codi.provenance follows for its code)."""
+    """The module that runs `command` (what codi.infra.provenance follows for its code)."""
     return COMMANDS[command].target.partition(":")[0]
 
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "params":
             values = to_dict(params)
             for key, tp, doc in describe(type(params)):
-                print(f"{key} = {_lookup(values, key)!r}  ({tp}) {doc}")
+                print(f"{key} = {get_dotted(values, key)!r}  ({tp}) {doc}")
             return 0
         cmd = COMMANDS[args.command]
         module, _, function = cmd.target.partition(":")
@@ -109,12 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, FileNotFoundError) as e:  # params, a dataset line, a file or folder: the user can fix it
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-def _lookup(values: dict[str, Any], dotted: str) -> Any:
-    for part in dotted.split("."):
-        values = values[part]
-    return values
 
 
 if __name__ == "__main__":

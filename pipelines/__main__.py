@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from codi.config import ConfigError
+from codi.infra.config import ConfigError
 
 
 def parse_value(text: str) -> Any:

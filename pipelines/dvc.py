@@ -28,11 +28,12 @@ from typing import Any
 
 import yaml
 
-from codi.config import ConfigError, flatten
+from codi.infra.config import ConfigError, flatten, get_dotted
+from experiments.dvc_exp import exp_run_args, format_value
 from pipelines.process import LineCallback, ProcessTimeout, RunResult, last_lines, run_streaming
 
 __all__ = ["LineCallback", "ProcessTimeout", "RunResult", "StageFailed", "StageRun", "check", "dvc_command",
-           "expand_grid", "experiment_name", "experiment_row", "format_value", "is_transient", "lookup",
+           "expand_grid", "experiment_name", "experiment_row", "format_value", "is_transient",
            "run_experiment", "run_stage", "stage_exit_code", "stage_order", "subprocess_env"]
 
 # Output that marks a failure as transient: worth a retry after a delay. Matched case-insensitively. DVC's repo
@@ -221,19 +222,6 @@ def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def format_value(value: Any) -> str:
-    """A value as DVC's `-S key=value` reads it (YAML): true/false, null, numbers, JSON for lists and maps."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
-
-
 def experiment_name(overrides: Mapping[str, Any], tag: str) -> str:
     """A readable, git-ref-safe, unique experiment name: 'gamma-0.5-<tag>'."""
     text = "-".join(f"{re.split(r'[.:]', k)[-1]}-{format_value(v)}" for k, v in overrides.items())
@@ -246,26 +234,10 @@ def run_experiment(repo: str | Path, overrides: Mapping[str, Any], name: str, on
                    timeout_s: float | None = None) -> RunResult:
     """`dvc exp run --temp -n NAME -S k=v ...`: one experiment, run now in a temporary copy of the repo (the
     workspace is untouched; uncommitted edits are included). Raises StageFailed."""
-    args = ["exp", "run", "--temp", "-n", name]
-    for key, value in overrides.items():
-        args += ["-S", f"{key}={format_value(value)}"]
-    result = run_streaming(dvc_command(*args), repo, on_line, timeout_s, env=subprocess_env(),
+    result = run_streaming(dvc_command(*exp_run_args(overrides, name, temp=True)), repo, on_line, timeout_s, env=subprocess_env(),
                            what=f"experiment '{name}'")
     check(result, name, kind="experiment")
     return result
-
-
-def lookup(data: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
-    """data["a"]["b"] for "a.b" (list items as "a.0"); `default` if absent."""
-    cur: Any = data
-    for part in dotted.split("."):
-        if isinstance(cur, Mapping) and part in cur:
-            cur = cur[part]
-        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
-            cur = cur[int(part)]
-        else:
-            return default
-    return cur
 
 
 def experiment_row(repo: str | Path, name: str, param_keys: Sequence[str], metrics_file: str) -> dict[str, Any]:
@@ -284,7 +256,7 @@ def experiment_row(repo: str | Path, name: str, param_keys: Sequence[str], metri
     for key in param_keys:
         file, _, dotted = key.rpartition(":") if ":" in key else ("params.yaml", "", key)
         data = read(file)
-        row[key] = lookup(data, dotted) if isinstance(data, dict) else None
+        row[key] = get_dotted(data, dotted) if isinstance(data, dict) else None
     metrics = read(metrics_file)
     row.update(flatten(metrics) if isinstance(metrics, dict) else {})
     return row

@@ -22,13 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
-                               update_progress_artifact)
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.runtime import flow_run as runtime_flow_run
 
-from codi.config import ConfigError, build, flatten, read_yaml
+from codi.infra.config import ConfigError, build, flatten, get_dotted, read_yaml
 from codi.schemas.pipeline import PipelineConfig
 from pipelines import dvc
 
@@ -217,7 +221,7 @@ def check_grid_keys(root: Path, grid: Mapping[str, Any]) -> None:
     for key in grid:
         file, _, dotted = key.rpartition(":") if ":" in key else ("params.yaml", "", key)
         data = read_yaml(root / file)
-        if dvc.lookup(data if isinstance(data, dict) else {}, dotted, missing) is missing:
+        if get_dotted(data if isinstance(data, dict) else {}, dotted, missing) is missing:
             raise ConfigError(f"experiments grid: {dotted!r} is not a key of {root / file}")
 
 

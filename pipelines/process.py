@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from codi.linux import set_parent_death_signal
+from codi.infra.linux import set_parent_death_signal
 
 TAIL_LINES = 40                 # kept for classification; the last few go into the error message
 MESSAGE_LINES = 6

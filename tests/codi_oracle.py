@@ -22,14 +22,13 @@ import random
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from torch import nn
-
-from codi.config import build
+from codi.infra.config import build
 from codi.modeling import CodiModel, CodiOptions, LossWeights
 from codi.modeling.latent import PaddedRows, latent_recurrence
-from codi.tokens import TraceTokenIds
+from codi.tracing.tokens import TraceTokenIds
 
 # The reference design's options (CodiOptions has no defaults: params.yaml or a saved folder sets them).
 REFERENCE_OPTIONS = dict(kd_layers=None, kd_target="hidden", kd_temp=2.0, single_anchor=False, kd_norm="none",
@@ -290,7 +289,7 @@ def latent_block(rows: PaddedRows, projector: nn.Module, embed: nn.Module, laten
                  steps: int, active: torch.Tensor, pad: int) -> torch.Tensor:
     """A whole latent block on `rows` in lockstep: latent_start, `steps` latents, latent_end.
 
-    The decoder form of the training recurrence, for the consistency tests (codi.decoding feeds the same
+    The decoder form of the training recurrence, for the consistency tests (codi.evaluation.decoding feeds the same
     `latent_input` one position at a time, because its rows advance independently).
 
     Returns the post-norm hidden [B, H] at latent_end (apply lm_head for the next-token logits).

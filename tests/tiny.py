@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from codi.config import read_yaml
+from codi.infra.config import read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def shipped(section: str, **overrides: Any) -> Any:
     starts from the shipped values and names what it changes."""
     import dataclasses
 
-    from codi.config import load_params
+    from codi.infra.config import load_params
 
     cfg: Any = load_params(ROOT / "params.yaml")
     for part in section.split("."):

@@ -4,7 +4,7 @@
 
 Needs what the project does not install: Node's npm (vega, vega-lite and vega-embed, at the versions DVC's
 page loads from its CDN, are installed once into --js-cache) and Chromium (Debian: `apt-get install -y
-chromium`). Without --plots, the CSVs and PNGs are written by codi.report.write_plots from the committed
+chromium`). Without --plots, the CSVs and PNGs are written by codi.evaluation.report.write_plots from the committed
 metrics/eval.json and metrics/eval_by_source.json. Everything is written under --out (a temporary DVC
 project with .dvc/plots/ and the eval entries of dvc.yaml, the HTML page, the screenshot), nothing in the
 repository. Not part of the tests (tests/integration/test_eval_plots.py checks the rendered data).
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     plots_dir = args.plots
     if plots_dir is None:
         sys.path.insert(0, str(ROOT))
-        from codi.report import write_plots
+        from codi.evaluation.report import write_plots
 
         plots_dir = out / "written"
         write_plots(json.loads((args.metrics / "eval.json").read_text()),

@@ -6,21 +6,33 @@
     save_codi_model(model, tok, "models/codi", extra={"step": step})
     loaded = load_codi_model("models/codi")        # LoadedCodi(model, projector, tokenizer, config)
 
-Modules: options (CodiOptions, LossWeights: the one type of the options), plan (checks, rounds, ss_ramp),
-latent (projector, PaddedRows, latent_input, latent_recurrence), losses (the KD and CE terms), model
-(CodiModel.forward: the loss; split_causal_lm), io (the saved folder). codi.decoding shares latent_input
-and split_causal_lm.
+Modules: plan (checks, rounds, ss_ramp), latent (projector, PaddedRows, latent_input, latent_recurrence), losses (the KD and CE terms), model
+(CodiModel.forward: the loss; split_causal_lm), io (the saved folder); base_model (the base LM and its
+tokenizer) and lora (peft plumbing). The options (CodiOptions, LossWeights) are codi.schemas.options, stdlib only.
+codi.evaluation.decoding shares latent_input and split_causal_lm. Inside codi/, import the submodule that
+defines a name (the stages' code dependencies are their static import closure: codi/infra/provenance.py).
 """
 
-from codi.modeling.io import LoadedCodi, SavedCodiConfig, load_codi_model, read_codi_config, save_codi_model
-from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence
-from codi.modeling.model import CodiModel, activation_checkpointing, split_causal_lm
-from codi.modeling.options import CodiOptions, LossWeights
-from codi.modeling.plan import ExamplePlan, check_example, draw_uniform, plan_example, ss_ramp
+import importlib
+from typing import Any
 
-__all__ = [
-    "CodiModel", "CodiOptions", "ExamplePlan", "LoadedCodi", "LossWeights", "PaddedRows", "SavedCodiConfig",
-    "activation_checkpointing", "build_projector", "check_example", "draw_uniform", "latent_input",
-    "latent_recurrence", "load_codi_model", "plan_example", "read_codi_config", "save_codi_model", "split_causal_lm",
-    "ss_ramp",
-]
+# Lazy: importing codi.modeling (or a leaf such as codi.modeling.base_model) imports no torch until a name of a
+# torch module is asked for.
+_HOME = {
+    "LoadedCodi": "io", "SavedCodiConfig": "io", "load_codi_model": "io", "read_codi_config": "io",
+    "save_codi_model": "io",
+    "PaddedRows": "latent", "build_projector": "latent", "latent_input": "latent", "latent_recurrence": "latent",
+    "CodiModel": "model", "activation_checkpointing": "model", "split_causal_lm": "model",
+    "ExamplePlan": "plan", "check_example": "plan", "draw_uniform": "plan", "plan_example": "plan", "ss_ramp": "plan",
+}
+_SCHEMAS = {"CodiOptions", "LossWeights"}  # the options' one type lives in codi.schemas.options
+
+__all__ = sorted([*_HOME, *_SCHEMAS])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SCHEMAS:
+        return getattr(importlib.import_module("codi.schemas.options"), name)
+    if name in _HOME:
+        return getattr(importlib.import_module(f"codi.modeling.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'codi.modeling' has no attribute {name!r}")

@@ -6,7 +6,7 @@
 
 The folder holds the base model in HF format (`save_pretrained`, safetensors: a tied lm_head is
 stored once and re-tied on load), the tokenizer, `thought_projector.safetensors` and `codi_config.json`:
-every field of CodiOptions and LossWeights (codi/modeling/options.py) as a top-level key, the hidden size,
+every field of CodiOptions and LossWeights (codi/schemas/options.py) as a top-level key, the hidden size,
 whether a frozen teacher was used, the token ids and the caller's `extra`. Reading checks the options with
 the same declarations as params.yaml. A key this version does not know is refused: the model was trained
 with an option that the loader cannot honour. The auxiliary reconstruction decoder (recon_decoder copy) is
@@ -24,13 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from codi.config import ConfigError, build
-from codi.files import write_json
-from codi.hf import load_causal_lm
+from codi.infra.config import ConfigError, build
+from codi.infra.files import write_json
+from codi.infra.hf import load_causal_lm
 from codi.modeling.latent import build_projector
 from codi.modeling.model import CodiModel
-from codi.modeling.options import CodiOptions, LossWeights
-from codi.tokens import TraceTokenIds, load_tokenizer, token_ids
+from codi.schemas.options import CodiOptions, LossWeights
+from codi.tracing.tokens import TraceTokenIds, load_tokenizer, token_ids
 
 CODI_CONFIG = "codi_config.json"
 PROJECTOR_FILE = "thought_projector.safetensors"
@@ -75,7 +75,7 @@ def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra
                     base: nn.Module | None = None) -> Path:
     """Write `model` (base + projector), `tokenizer` and codi_config.json into `out_dir`; returns it.
 
-    `base`: the causal LM to write instead of `model.model` (a LoRA run's merged model, codi.lora)."""
+    `base`: the causal LM to write instead of `model.model` (a LoRA run's merged model, codi.modeling.lora)."""
     if not isinstance(model, CodiModel):
         raise ValueError(f"save_codi_model: expected a CodiModel (unwrap DDP with .module), got {type(model).__name__}")
     extra = dict(extra or {})

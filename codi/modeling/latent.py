@@ -5,7 +5,7 @@
     x = latent_input(projector, h)                      # the next latent's input embedding
     h = latent_recurrence(rows, projector, h, steps, active)   # `steps` latents in lockstep -> h [B, H]
 
-CodiModel runs latent_recurrence; codi.decoding feeds latent_input one position at a time. A padded row
+CodiModel runs latent_recurrence; codi.evaluation.decoding feeds latent_input one position at a time. A padded row
 computes exactly what it would alone (2-D mask + explicit position_ids; no fully masked attention row).
 Design: docs/ARCHITECTURE.md, "CodiModel" (PaddedRows, compaction) and "Decoding".
 """

@@ -1,6 +1,6 @@
 """CodiModel: the reference stage-2b design, batched in lockstep (frame k of every example together).
 
-    model = CodiModel(base, token_ids(tok), params.codi.options, params.loss_weights)   # codi.modeling.options
+    model = CodiModel(base, token_ids(tok), params.codi.options, params.loss_weights)   # codi.schemas.options
     out = model(examples, ss_prob=ss_ramp(...), ss_rng=rng, latent_share=latent_share(...))
     out["loss"].backward()        # out also holds teacher_loss, student_loss, kd_loss, recon_loss (detached)
 
@@ -22,11 +22,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence, value_feedback
-from codi.modeling.losses import (kd_hidden_per_example, kd_logit_per_example, per_example_mean, teacher_std,
-                                  token_ce)
-from codi.modeling.options import CodiOptions, LossWeights
+from codi.modeling.losses import kd_hidden_per_example, kd_logit_per_example, per_example_mean, teacher_std, token_ce
 from codi.modeling.plan import ExamplePlan, draw_uniform, plan_example
-from codi.tokens import TraceTokenIds
+from codi.schemas.options import CodiOptions, LossWeights
+from codi.tracing.tokens import TraceTokenIds
 
 if TYPE_CHECKING:  # an annotation only: evaluate loads codi models without the training schema
     from codi.schemas.codi import CodiConfig
@@ -76,7 +75,7 @@ class CodiModel(nn.Module):
 
     def __init__(self, base: nn.Module, token_ids: TraceTokenIds, options: CodiOptions, weights: LossWeights, *,
                  frozen_teacher: nn.Module | None = None, teacher_checkpointing: bool = True):
-        """`options` and `weights` are checked where they are parsed (codi.modeling.options); this checks what
+        """`options` and `weights` are checked where they are parsed (codi.schemas.options); this checks what
         needs the models: the trace token ids against the vocabulary, kd_layers against the layers, and a
         frozen teacher's sizes. ValueError names the key."""
         super().__init__()

@@ -21,7 +21,7 @@ from typing import Any, Literal, Mapping
 
 import torch
 
-from codi.tokens import TraceTokenIds
+from codi.tracing.tokens import TraceTokenIds
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,12 @@ def line_length(trace: Sequence[int], j: int, ids: TraceTokenIds) -> int:
 
 
 def check_value_pos(ex: Mapping[str, Any], index: int, spans: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
-    """The example's `value_pos` (codi.values.value_positions): one int per LINE span, -1 or inside the span's
+    """The example's `value_pos` (codi.data.values.value_positions): one int per LINE span, -1 or inside the span's
     locals (i < pos < j). ValueError naming the key."""
     where = f"examples[{index}].value_pos"
     raw = ex.get("value_pos")
     if raw is None:
-        raise ValueError(f"{where}: missing (the value options need each span's value token: codi.values)")
+        raise ValueError(f"{where}: missing (the value options need each span's value token: codi.data.values)")
     if isinstance(raw, torch.Tensor):
         raw = raw.tolist()
     try:

@@ -1,6 +1,6 @@
 """The `codi` section (and the top-level alpha, beta, gamma): the CODI options plus the training hyperparameters.
 
-The CODI options themselves (latent_steps, kd_*, recon_*, the latent curriculum) are codi.modeling.options.CodiOptions,
+The CODI options themselves (latent_steps, kd_*, recon_*, the latent curriculum) are codi.schemas.options.CodiOptions,
 the type a saved codi model records; this module adds what only the training run needs.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codi.config import option
-from codi.modeling.options import CodiOptions, LossWeights
+from codi.infra.config import option
+from codi.schemas.options import CodiOptions, LossWeights
 from codi.schemas.train import TrainConfig
 
 

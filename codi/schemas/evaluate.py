@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codi.config import option
+from codi.infra.config import option
+from codi.schemas.modes import MODES
 
 
 @dataclass(frozen=True)
@@ -12,7 +13,7 @@ class EvaluateConfig:
     """`evaluate`: explicit-trace vs latent vs no-trace decoding on held-out problems."""
 
     modes: list[str] = option("decoders to compare",
-                              choices=("explicit", "latent", "direct"), nonempty=True)
+                              choices=MODES, nonempty=True)
     splits: list[str] = option("cache splits to evaluate on", choices=("train", "val", "test", "holdout"), nonempty=True)
     max_examples: int = option("examples per split; 0 = all", ge=0)
     batch_size: int = option("examples decoded together", ge=1)
@@ -25,6 +26,6 @@ class EvaluateConfig:
     bootstrap_seed: int = option("seed of the bootstrap (fixed: a rerun gives the same intervals)")
     ci_level: float = option("confidence level of the intervals", gt=0.5, lt=1.0)
     ablate_latents: bool = option("latent: decode again with every latent input replaced by one constant vector (the "
-                                  "mean latent input): what the latents carry is what that loses (codi.probe)")
+                                  "mean latent input): what the latents carry is what that loses (codi.evaluation.probe)")
     probe_train_examples: int = option("latent probe: train examples whose blocks fit the linear probe (the first "
-                                       "ones of train.arrow); 0 = no probe (codi.probe)", ge=0)
+                                       "ones of train.arrow); 0 = no probe (codi.evaluation.probe)", ge=0)

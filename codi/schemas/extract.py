@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from codi.config import ConfigError, option
-from codi.sources import source_names
-
+from codi.infra.config import ConfigError, option
+from codi.schemas.source_names import source_names
 
 # codi.sources.synthetic_templates.TEMPLATE_NAMES (a test holds them equal; no source module is imported here)
 SYNTHETIC_TEMPLATES = ("arith_chain", "branch", "early_return", "ternary", "for_range", "while_loop",

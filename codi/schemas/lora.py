@@ -1,6 +1,6 @@
 """The `lora` block of a training section (`sft.lora`, `sft_direct.lora`, `codi.lora`): LoRA and QLoRA adapters.
 
-    cfg = params.sft.lora          # r = 0: off (full fine-tuning, the default); r > 0: adapters (codi.lora)
+    cfg = params.sft.lora          # r = 0: off (full fine-tuning, the default); r > 0: adapters (codi/modeling/lora.py)
     dvc exp run -S sft.lora.r=16 -S sft.lora.quantize=4bit
 
 One type for every training stage: the same keys mean the same thing in sft, sft_direct and codi. What the
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from codi.config import ConfigError, option
+from codi.infra.config import ConfigError, option
 
 ALL_LINEAR = "all-linear"  # peft's name for every linear layer of the decoder except the output head
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codi.config import ConfigError, option
+from codi.infra.config import ConfigError, option
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codi.config import option
+from codi.infra.config import option
 
 
 @dataclass(frozen=True)

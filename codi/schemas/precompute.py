@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codi.config import ConfigError, option
-from codi.sources import source_names
+from codi.infra.config import ConfigError, option
+from codi.schemas.source_names import source_names
 
 
 @dataclass(frozen=True)

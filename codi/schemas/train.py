@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from codi.config import ConfigError, option
+from codi.infra.config import ConfigError, option
 from codi.schemas.lora import LoraConfig
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from codi.config import option
+from codi.infra.config import option
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
     load = load_samples("mbpp", params.extract, path="hf:google-research-datasets/mbpp:test")
     load.samples, load.skipped, load.unchecked
 
-A source is a module of codi.sources found by its name (codi.sources.source_names), never listed here. What
+A source is a module of codi.sources found by its name (codi.schemas.source_names), never listed here. What
 a source module defines (docs/ARCHITECTURE.md, "Adding a source"):
 - a generated source: `NAME` and `generate(cfg)`, cfg being the section `extract.<NAME>`;
 - a file source: `NAME`, `FIELDS` (field -> (types, required), checked here) and `harvest(record) -> Harvest`
@@ -27,11 +27,11 @@ from types import ModuleType
 from typing import Any
 
 from codi.schemas.extract import ExtractConfig
-from codi.sources import source_names
+from codi.schemas.source_names import source_names
 from codi.sources.asserts import Harvest
 from codi.sources.base import DatasetError, Sample
 
-# Sources are imported by name at run time: codi.provenance counts every module of this package as imported
+# Sources are imported by name at run time: codi.infra.provenance counts every module of this package as imported
 # by this one (the extract stage's code deps).
 PLUGIN_PACKAGE = "codi.sources"
 HF_PREFIX = "hf:"

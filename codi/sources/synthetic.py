@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from codi.config import ConfigError
+from codi.infra.config import ConfigError
 from codi.schemas.extract import SyntheticConfig
 from codi.sources.base import Sample, normalize_program
 from codi.sources.synthetic_templates import TEMPLATES, Draft, Gen, Template
@@ -189,7 +189,7 @@ def _main(argv: list[str]) -> None:
     """`python -m codi.sources.synthetic [N] [DIFFICULTY]`: N programs as params.yaml's generator draws them."""
     from dataclasses import replace
 
-    from codi.config import load_params
+    from codi.infra.config import load_params
 
     shipped = load_params("params.yaml").extract.synthetic
     n = int(argv[0]) if argv else 5

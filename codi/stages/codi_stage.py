@@ -11,22 +11,22 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from codi.config import ConfigError, to_dict
-from codi.data import check_tokenizer
-from codi.device import resolve_precision, set_threads
-from codi.files import write_json
-from codi.hf import load_causal_lm
-from codi.launch import maybe_relaunch
-from codi.lora import apply_lora, check_lora, load_for_lora, trainable_summary
-from codi.modeling import CodiModel
+from codi.data.cache import check_tokenizer
+from codi.data.values import WithValues
+from codi.infra.config import ConfigError, to_dict
+from codi.infra.device import resolve_precision, set_threads
+from codi.infra.files import write_json
+from codi.infra.hf import load_causal_lm
+from codi.infra.launch import maybe_relaunch
+from codi.modeling.lora import apply_lora, check_lora, load_for_lora, trainable_summary
+from codi.modeling.model import CodiModel
 from codi.schemas.codi import CodiConfig, TopLevelWeights
 from codi.schemas.wandb import WandbConfig
-from codi.tokens import load_tokenizer, token_ids
+from codi.tracing.tokens import load_tokenizer, token_ids
 from codi.training.checkpoints import run_fingerprint
 from codi.training.codi_trainer import CodiTrainer, collate_examples, sub_losses
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import codi_summary, recon_probe, save_loss_png
-from codi.values import WithValues
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
 
     tok = load_tokenizer(sft)
     check_tokenizer(tok, cache, sft)
-    if cfg.uses_values:  # each LINE span's assigned value (codi.values): the value CE / KD targets
+    if cfg.uses_values:  # each LINE span's assigned value (codi.data.values): the value CE / KD targets
         train_ds, val_ds = WithValues(train_ds, tok), WithValues(val_ds, tok)
         print(f"codi: value slots (train) {train_ds.coverage()}")
     dtype = torch.bfloat16 if resolve_precision(cfg.precision)["bf16"] else torch.float32

@@ -16,19 +16,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from tqdm import tqdm
-
-from codi.config import ConfigError
-from codi.files import write_json
+from codi.data.traces import trace_samples, write_traces
+from codi.infra.config import ConfigError
+from codi.infra.files import write_json
 from codi.schemas.extract import ExtractConfig
-from codi.sources.base import Sample
 from codi.sources.registry import load_samples
-from codi.traces import write_traces
-from codi.tracing.cluster import Tracer, open_tracer
-from codi.tracing.format import render_trace
-from codi.tracing.sandbox import TraceResult
+from codi.tracing.cluster import open_tracer
 
 RAW_DIR = Path("data/raw")    # the stage's DVC dependency for dataset files (relative to the repo root)
 
@@ -38,19 +32,6 @@ class ExtractParams:
     """What this stage reads from params.yaml."""
 
     extract: ExtractConfig
-
-
-def trace_row(sample: Sample, result: TraceResult) -> dict[str, Any]:
-    """One row of a traces file (codi.traces.TRACE_SCHEMA)."""
-    return {
-        "sample_id": sample.sample_id, "source": sample.source, "problem_id": sample.problem_id,
-        "program": sample.program, "call": sample.call, "setup": sample.setup,
-        "frames": [{"kind": f.kind, "source_line": f.source_line, "locals": f.locals, "value": f.value}
-                   for f in result.frames],
-        "trace_text": render_trace(list(result.frames)), "return_repr": result.return_repr,
-        "expected": sample.expected, "match": result.match, "status": result.status, "reason": result.reason,
-        "n_frames": len(result.frames), "output": result.output, "difficulty": sample.difficulty,
-    }
 
 
 def check_tracked_paths(cfg: ExtractConfig, raw_dir: Path = RAW_DIR) -> None:
@@ -75,15 +56,6 @@ def source_stats(rows: list[dict], skipped: int) -> dict:
         "mismatch": sum(1 for r in with_expected if r["match"] is False),
         "mean_frames_ok": round(sum(r["n_frames"] for r in rows if r["status"] == "ok") / max(status["ok"], 1), 2),
     }
-
-
-def trace_samples(tracer: Tracer, samples: list[Sample], desc: str) -> tuple[list[dict], list[tuple[float, str]]]:
-    """(rows, [(wall seconds, sample id)] of each sample)."""
-    rows, times = [], []
-    for s, r in zip(samples, tqdm(tracer.trace(samples), total=len(samples), desc=desc, unit="sample", leave=False)):
-        rows.append(trace_row(s, r))
-        times.append((r.time_s, s.sample_id))
-    return rows, times
 
 
 def summary_line(source: str, st: dict, seconds: float, times: list[tuple[float, str]]) -> str:

@@ -3,7 +3,7 @@
     python -m codi precompute     # data/cache/{train,val,test,holdout}.arrow + manifest.json, models/base/
 
 Keeps `ok` traces, splits by problem (stable hash), builds the base model (`model.base`), tokenizes,
-locates and checks every LINE frame's locals span (codi.cache_build), and writes the counts as DVC metrics.
+locates and checks every LINE frame's locals span (codi.data.cache_build), and writes the counts as DVC metrics.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from codi.base_model import build_base, check_model_source, save_base
-from codi.cache_build import cache_manifest, cache_metrics, encode_rows, summary_line, usable_traces
-from codi.config import ConfigError
-from codi.data import write_split
-from codi.files import atomic_dir, write_json
+from codi.data.cache import write_split
+from codi.data.cache_build import cache_manifest, cache_metrics, encode_rows, summary_line, usable_traces
+from codi.infra.config import ConfigError
+from codi.infra.files import atomic_dir, write_json
+from codi.modeling.base_model import build_base, check_model_source, save_base
 from codi.schemas.model import ModelConfig
 from codi.schemas.precompute import PrecomputeConfig
 

@@ -2,7 +2,7 @@
 
     python -m codi sft | sft_direct              # models/base -> models/<stage>; params.yaml `sft` / `sft_direct`
     torchrun --nproc_per_node=2 -m codi sft      # DDP, the Trainer's own
-    dvc exp run -S sft.lora.r=16                 # LoRA (codi.lora, docs/LORA.md): models/sft merged, + adapter/
+    dvc exp run -S sft.lora.r=16                 # LoRA (codi.modeling.lora, docs/LORA.md): models/sft merged, + adapter/
 """
 
 from __future__ import annotations
@@ -10,22 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from codi.batching import CausalLMCollator
-from codi.config import ConfigError, to_dict
-from codi.data import check_tokenizer
-from codi.device import set_threads
-from codi.files import write_json
-from codi.hf import load_causal_lm
-from codi.launch import maybe_relaunch
-from codi.lora import LoraTrainer, apply_lora, check_lora, load_for_lora, trainable_summary
+from codi.data.batching import CausalLMCollator
+from codi.data.cache import check_tokenizer
+from codi.infra.config import ConfigError, to_dict
+from codi.infra.device import set_threads
+from codi.infra.files import write_json
+from codi.infra.hf import load_causal_lm
+from codi.infra.launch import maybe_relaunch
+from codi.modeling.lora import apply_lora, check_lora, load_for_lora, trainable_summary
 from codi.schemas.model import ModelConfig
 from codi.schemas.train import SftConfig, TrainConfig
 from codi.schemas.wandb import WandbConfig
-from codi.tokens import load_tokenizer, token_ids
+from codi.tracing.tokens import load_tokenizer, token_ids
 from codi.training.checkpoints import run_fingerprint
+from codi.training.grouped import LengthGroupedTrainer, LoraTrainer
 from codi.training.loop import StagePaths, TrainingJob, train, training_splits
 from codi.training.summary import save_loss_png, sft_summary, unigram_loss
-from codi.training.grouped import LengthGroupedTrainer
 
 TARGET = {"sft": "trace", "sft_direct": "answer"}  # what the loss covers after the prompt
 

@@ -33,10 +33,10 @@ except ImportError as e:  # only the dask executor needs it: without Dask (a bar
     DASK_MISSING = e
     WorkerPlugin = object
 
-from codi.config import ConfigError
+from codi.infra.config import ConfigError
 from codi.schemas.extract import DaskConfig, ExtractConfig, SandboxConfig, TraceConfig
 from codi.sources.base import Sample
-from codi.tracing.sandbox import TracerPool, TraceResult
+from codi.tracing.sandbox import TraceResult, TracerPool
 
 PLUGIN_NAME = "codi-tracer-pool"
 

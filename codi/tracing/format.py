@@ -15,8 +15,14 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from codi.tokens import (
-    ACTION_SEP, ARG_SEP, CALL_SEP, EXCEPTION_SEP, FRAME_SEP, LINE_SEP, RETURN_SEP,
+from codi.tracing.tokens import (
+    ACTION_SEP,
+    ARG_SEP,
+    CALL_SEP,
+    EXCEPTION_SEP,
+    FRAME_SEP,
+    LINE_SEP,
+    RETURN_SEP,
     TRACE_CONTEXT_START,
 )
 
@@ -93,7 +99,7 @@ def locals_offsets(frames: list[Frame]) -> list[tuple[int, int]]:
 def computed_values(frames: list[Frame]) -> int:
     """How many values a trace computes rather than copies: every local of a LINE frame that is new or differs
     from the frame before it (the previous CALL or LINE frame), and every return/exception VALUE. A task's
-    work per call (the ladder's "computed values"); codi.batching.computed_mask is the same split per token."""
+    work per call (the ladder's "computed values"); codi.data.batching.computed_mask is the same split per token."""
     count, prev = 0, None
     for f in frames:
         if f.kind in ("return", "exception"):

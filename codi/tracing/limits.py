@@ -23,10 +23,17 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from codi.linux import (PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, LinuxError, checked, libc,
-                        prctl)
+from codi.infra.linux import (
+    PR_CAPBSET_DROP,
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_NO_NEW_PRIVS,
+    LinuxError,
+    checked,
+    libc,
+    prctl,
+)
 
-if TYPE_CHECKING:  # the worker gets the fields as a namespace: it does not import codi.config (yaml)
+if TYPE_CHECKING:  # the worker gets the fields as a namespace: it does not import codi.infra.config (yaml)
     from codi.schemas.extract import SandboxConfig
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8

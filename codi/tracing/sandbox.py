@@ -31,9 +31,9 @@ from typing import Iterable, Iterator, Literal
 import codi
 from codi.schemas.extract import SandboxConfig, TraceConfig
 from codi.sources.base import Sample
-from codi.tokens import contains_special
 from codi.tracing import limits
 from codi.tracing.format import Frame
+from codi.tracing.tokens import contains_special
 from codi.tracing.worker import write_msg
 
 STATUSES: dict[str, str] = {

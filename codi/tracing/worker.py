@@ -22,10 +22,10 @@ import sys
 import time
 from types import SimpleNamespace
 
-from codi.linux import set_parent_death_signal
-from codi.tokens import contains_special
+from codi.infra.linux import set_parent_death_signal
 from codi.tracing import limits
 from codi.tracing.format import UNCHANGED, encode_locals, encode_value
+from codi.tracing.tokens import contains_special
 from codi.tracing.tracer import Job
 
 EVENT_FD = 3

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from codi.infra.device import resolve_optimizer, resolve_precision, use_cuda
 from codi.schemas.train import TrainConfig
-from codi.device import resolve_optimizer, resolve_precision, use_cuda
 
 
 def training_arguments(cfg: TrainConfig, output_dir: Path, run_name: str, has_eval: bool, section: str = "",

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codi.files import file_sha256, write_json
-from codi.provenance import code_digest, stage_code_files
+from codi.infra.files import file_sha256, write_json
+from codi.infra.provenance import code_digest, stage_code_files
 
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_FILE = "run.json"
@@ -155,7 +155,7 @@ def checkpoint_problem(ckpt: Path, extra_files: tuple[str, ...] = ()) -> str | N
     HF's get_last_checkpoint takes the highest number without looking; a kill during a save leaves a folder
     that makes the resume crash. torch.save files are zip archives; safetensors files carry their header length.
     A LoRA run's checkpoint (adapter_config.json present) holds the adapter's weights instead of the model's
-    config: adapter_model.safetensors is its model weights (codi.lora)."""
+    config: adapter_model.safetensors is its model weights (codi.modeling.lora)."""
     try:
         state = json.loads((ckpt / "trainer_state.json").read_text())
     except (OSError, ValueError):

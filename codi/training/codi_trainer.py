@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from codi.answers import answers_match
+from codi.data.answers import answers_match
+from codi.evaluation.decoding import iter_decode
+from codi.modeling.io import PROJECTOR_FILE, save_codi_model
+from codi.modeling.lora import ADAPTER_DIR, LoraRun
+from codi.modeling.plan import latent_share, ss_ramp, stage_latent_count, stage_of
 from codi.schemas.codi import CodiConfig
-from codi.decoding import iter_decode
-from codi.lora import ADAPTER_DIR, LoraRun
-from codi.modeling import CodiOptions, save_codi_model, ss_ramp
-from codi.modeling.io import PROJECTOR_FILE
-from codi.modeling.plan import latent_share, stage_latent_count, stage_of
+from codi.schemas.options import CodiOptions
 from codi.training.grouped import LengthGroupedTrainer
 from codi.training.tracking import experiment_name
 
@@ -41,7 +41,7 @@ RECON_FILE = "recon_decoder.safetensors"  # checkpoints only: the auxiliary deco
 
 def collate_examples(batch: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The codi contract: CodiModel takes the example dicts themselves."""
-    keys = ("prompt_ids", "trace_ids", "spans", "value_pos")  # value_pos: the value options (codi.values.WithValues)
+    keys = ("prompt_ids", "trace_ids", "spans", "value_pos")  # value_pos: the value options (codi.data.values.WithValues)
     return {"examples": [{k: ex[k] for k in keys if k in ex} for ex in batch]}
 
 
@@ -115,7 +115,7 @@ class CodiTrainer(LengthGroupedTrainer):
     def __init__(self, *args: Any, codi_cfg: CodiConfig, val_answers: list[str], record: dict[str, Any],
                  lora: LoraRun | None = None, **kwargs: Any):
         super().__init__(*args, group_by_length=codi_cfg.group_by_length, **kwargs)
-        self.lora = lora  # a LoRA run (codi.lora): its adapters live inside the model's base
+        self.lora = lora  # a LoRA run (codi.modeling.lora): its adapters live inside the model's base
         self.codi_cfg = codi_cfg
         self.val_answers = val_answers
         self.record = record

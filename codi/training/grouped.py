@@ -1,8 +1,9 @@
 """The HF Trainer of the training stages, with length-grouped train batches and an optional token-weighted loss.
 
     LengthGroupedTrainer(model=..., args=..., train_dataset=CacheDataset(...), group_by_length=True, ...)
+    LoraTrainer(model=run.peft, lora=run, ...)   # under LoRA: the final folder is the merged model + adapter/
 
-A batch with `loss_weights` (codi.batching, `computed_weight`) trains on sum(w * CE) / sum(w) over the target
+A batch with `loss_weights` (codi.data.batching, `computed_weight`) trains on sum(w * CE) / sum(w) over the target
 tokens of the whole optimizer step (every micro-batch, every rank: the weighted analogue of HF's
 num_items_in_batch), so 1 process and N with the same global batch train alike; validation always reports the
 plain CE, so val losses compare across weightings.
@@ -18,12 +19,15 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
+
+if TYPE_CHECKING:
+    from codi.modeling.lora import LoraRun
 
 
 class ResumableLengthGroupedSampler(LengthGroupedSampler):
@@ -150,3 +154,15 @@ class LengthGroupedTrainer(Trainer):
                               "uninterrupted run's")
         self._grouped_sampler = sampler
         return sampler
+
+
+class LoraTrainer(LengthGroupedTrainer):
+    """The sft stages' Trainer under LoRA: the Trainer's own checkpoints of a peft model (adapter files, resumed
+    with its `load_adapter`), and a final folder that is the merged model plus `adapter/` (LoraRun.save)."""
+
+    def __init__(self, *args: Any, lora: LoraRun, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.lora = lora
+
+    def save_final(self, folder: str | Path) -> None:
+        self.lora.save(folder, self.processing_class)

@@ -18,10 +18,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from codi.config import ConfigError
-from codi.data import CacheDataset
-from codi.device import describe_resolution
-from codi.files import atomic_dir
+from codi.data.cache import CacheDataset
+from codi.infra.config import ConfigError
+from codi.infra.device import describe_resolution
+from codi.infra.files import atomic_dir
 from codi.schemas.train import TrainConfig
 from codi.schemas.wandb import WandbConfig
 from codi.training.args import training_arguments

@@ -24,7 +24,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.integrations import DVCLiveCallback
 
-from codi.config import UserError
+from codi.infra.config import UserError
 from codi.schemas.wandb import WandbConfig
 
 DVCLIVE_SWITCH = "CODI_DVCLIVE"  # "off": no dvclive files (not a param: where logs go never retrains)

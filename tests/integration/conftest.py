@@ -8,8 +8,13 @@ import pytest
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory):
     """The module's Prefect test server; yields its API URL."""
-    from prefect.settings import (PREFECT_API_URL, PREFECT_HOME, PREFECT_LOGGING_LEVEL,
-                                  PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings)
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_HOME,
+        PREFECT_LOGGING_LEVEL,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
     from prefect.testing.utilities import prefect_test_harness
 
     home = tmp_path_factory.mktemp("prefect-home")

@@ -39,12 +39,12 @@ def stale_entries(status: dict) -> list[str]:
 
 def test_stale_entries_are_params_code_and_edited_metrics_not_missing_outputs():
     status = {
-        "sft": [{"changed deps": {"models/base": "deleted", "codi/data.py": "modified",
+        "sft": [{"changed deps": {"models/base": "deleted", "codi/data/cache.py": "modified",
                                   "params.yaml": {"sft.lr": "modified"}}},
                 {"changed outs": {"models/sft": "not in cache", "metrics/sft.json": "modified"}}],
         "extract": [{"changed outs": {"data/traces": "not in cache"}}],
     }
-    assert stale_entries(status) == ["sft: changed deps codi/data.py modified",
+    assert stale_entries(status) == ["sft: changed deps codi/data/cache.py modified",
                                      "sft: changed deps params.yaml:sft.lr modified",
                                      "sft: changed outs metrics/sft.json modified"]
     assert stale_entries({}) == []

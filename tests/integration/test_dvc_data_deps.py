@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from codi.config import ConfigError
+from codi.infra.config import ConfigError
 from codi.stages.extract import check_tracked_paths
 from tests.tiny import ROOT, shipped, tiny_params, write_params
 

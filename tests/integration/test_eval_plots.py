@@ -1,5 +1,5 @@
 """The eval plots as DVC renders them: `dvc plots show --json` on a temporary DVC project holding
-.dvc/plots/, dvc.yaml's eval plot entries and the files codi.report.write_plots writes (built by
+.dvc/plots/, dvc.yaml's eval plot entries and the files codi.evaluation.report.write_plots writes (built by
 tools/render_plots.make_project, as the manual render check builds it)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from codi.report import compact, write_plots, write_probe_plot
+from codi.evaluation.report import compact, write_plots, write_probe_plot
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ["explicit", "latent", "direct"]

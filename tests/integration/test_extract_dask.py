@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from codi.stages.extract import trace_row
+from codi.data.traces import trace_row
 from codi.tracing.cluster import DaskTracer, open_tracer, shard_bounds
 from tests.integration.test_stages_tiny import cli
 from tests.tiny import ROOT, shipped, tiny_params, write_params

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codi.config import ConfigError, load_params, read_yaml
-from codi.profile import dvc_command, load_profile, make_params
+from codi.infra.config import ConfigError, load_params, read_yaml
+from experiments.profile import dvc_command, load_profile, make_params
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ["wheels", "header", "bnb", "a", "c", "d", "profile"]

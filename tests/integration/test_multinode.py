@@ -151,7 +151,7 @@ CASES = {
     pytest.param("sft-accelerate", marks=pytest.mark.slow),
 ])
 def test_several_processes_train_like_one_process_with_the_same_global_batch(ws, case):
-    from codi.data import CacheDataset
+    from codi.data.cache import CacheDataset
 
     stage, launcher, per_rank, accum, extra, steps, keys = CASES[case]
     assert 2 * per_rank * accum == GLOBAL_BATCH

@@ -19,10 +19,9 @@ import pytest
 import yaml
 
 import pipelines
-from codi.config import ConfigError
+from codi.infra.config import ConfigError
 from pipelines import dvc, process
-from tests.dvc_projects import (DAG_ORDER, DAG_STAGES, artifacts_of, group_survivors, make_project,
-                                wait_for_file)
+from tests.dvc_projects import DAG_ORDER, DAG_STAGES, artifacts_of, group_survivors, make_project, wait_for_file
 
 
 # ------------------------------------------------------------------------- DVC, no Prefect

@@ -123,7 +123,7 @@ def base_folder(request, tmp_path_factory) -> tuple[str, Path]:
 
 def folder_tokenizer(folder: Path):
     """The folder's tokenizer as it was saved (tokenizer.json verbatim), before any trace token."""
-    from codi.tokens import load_tokenizer
+    from codi.tracing.tokens import load_tokenizer
 
     return load_tokenizer(folder)
 
@@ -149,7 +149,7 @@ def crafted():
 
 @pytest.fixture(scope="module")
 def built(base_folder):
-    from codi.base_model import build_base
+    from codi.modeling.base_model import build_base
 
     family, folder = base_folder
     model, tok = build_base(shipped("model", base=str(folder)), [])
@@ -157,7 +157,7 @@ def built(base_folder):
 
 
 def test_the_folder_is_a_real_family_base_without_trace_tokens(base_folder):
-    from codi.tokens import TRACE_TOKENS
+    from codi.tracing.tokens import TRACE_TOKENS
 
     family, folder = base_folder
     cfg = json.loads((folder / "config.json").read_text())
@@ -171,8 +171,8 @@ def test_the_folder_is_a_real_family_base_without_trace_tokens(base_folder):
 
 
 def test_the_tokenizer_is_the_folders_own_with_trace_tokens_added_once_and_atomic(built):
-    from codi.tokens import PAD, TRACE_TOKENS, add_trace_tokens, token_ids
     from codi.tracing.format import render_prompt, render_trace
+    from codi.tracing.tokens import PAD, TRACE_TOKENS, add_trace_tokens, token_ids
 
     family, folder, _, tok = built
     own = folder_tokenizer(folder)
@@ -199,10 +199,10 @@ def test_the_tokenizer_is_the_folders_own_with_trace_tokens_added_once_and_atomi
 
 
 def test_locals_spans_and_action_lines_are_exact_under_its_merges(built):
-    from codi.decoding import program_action_lines
-    from codi.spans import encode_examples, encode_naive
-    from codi.tokens import token_ids
+    from codi.data.spans import encode_examples, encode_naive
+    from codi.evaluation.decoding import program_action_lines
     from codi.tracing.format import locals_offsets, render_prompt, render_trace
+    from codi.tracing.tokens import token_ids
 
     _, _, _, tok = built
     frames = crafted()
@@ -262,7 +262,7 @@ def test_new_embedding_rows_are_the_mean_of_the_old_and_the_head_follows(built):
         if rows:  # padding rows past the tokenizer stay as they were
             assert torch.equal(now[len(tok):], before[len(tok):])
     # deterministic: the same folder gives the same weights
-    from codi.base_model import build_base
+    from codi.modeling.base_model import build_base
     again, _ = build_base(shipped("model", base=str(folder)), [])
     assert torch.equal(again.get_input_embeddings().weight, emb)
     assert torch.equal(again.get_output_embeddings().weight, head)
@@ -271,8 +271,8 @@ def test_new_embedding_rows_are_the_mean_of_the_old_and_the_head_follows(built):
 def test_the_saved_base_reloads_with_the_same_tokenizer_and_head(built, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from codi.base_model import save_base
-    from codi.tokens import load_tokenizer, tokenizer_sha256
+    from codi.modeling.base_model import save_base
+    from codi.tracing.tokens import load_tokenizer, tokenizer_sha256
 
     family, _, model, tok = built
     save_base(model, tok, tmp_path / "base")
@@ -316,9 +316,9 @@ def pipeline(base_folder, tmp_path_factory) -> tuple[str, Path, Path]:
 
 
 def test_pipeline_cache_spans_are_exact_on_every_example(pipeline):
-    from codi.data import CacheDataset
-    from codi.tokens import TRACE_TOKENS, load_tokenizer, token_ids
+    from codi.data.cache import CacheDataset
     from codi.tracing.format import parse_trace
+    from codi.tracing.tokens import TRACE_TOKENS, load_tokenizer, token_ids
 
     family, folder, ws = pipeline
     tok = load_tokenizer(ws / "models/base")
@@ -375,10 +375,10 @@ def test_pipeline_trains_every_stage_and_keeps_the_head(pipeline):
 
 @pytest.mark.parametrize("which", ["codi", "codi_frozen"])
 def test_pipeline_codi_model_loads_and_decodes(pipeline, which):
-    from codi.data import CacheDataset
-    from codi.decoding import LATENT, decode, program_action_lines
+    from codi.data.cache import CacheDataset
+    from codi.evaluation.decoding import LATENT, decode, program_action_lines
     from codi.modeling import load_codi_model
-    from codi.tokens import token_ids
+    from codi.tracing.tokens import token_ids
 
     family, _, ws = pipeline
     loaded = load_codi_model(ws / f"models/{which}")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.tiny import ROOT, tiny_params, write_params
 from tests.dvc_projects import artifacts_of
+from tests.tiny import ROOT, tiny_params, write_params
 
 pytestmark = pytest.mark.slow
 GIT = ["git", "-c", "user.name=ci", "-c", "user.email=ci@localhost"]
@@ -125,7 +125,7 @@ def test_a_change_reruns_exactly_what_it_affects(repo):
         module.write_text(text + "\n# touched\n")
         assert dry(repo) == ["evaluate"]
         module.write_text(text)
-        (repo / "codi/batching.py").write_text((repo / "codi/batching.py").read_text() + "\n# touched\n")
+        (repo / "codi/data/batching.py").write_text((repo / "codi/data/batching.py").read_text() + "\n# touched\n")
         assert dry(repo) == ["codi", "evaluate", "sft", "sft_direct"]
     finally:
         sh(repo, "git", "checkout", "--", "codi")

@@ -58,11 +58,9 @@ def test_extract_is_byte_identical_on_a_rerun(ws):
 def test_precompute_cache_spans_and_base(ws):
     from transformers import AutoModelForCausalLM
 
-    from codi.tokens import load_tokenizer
-
-    from codi.data import CacheDataset
-    from codi.tokens import token_ids
+    from codi.data.cache import CacheDataset
     from codi.tracing.format import parse_trace
+    from codi.tracing.tokens import load_tokenizer, token_ids
 
     manifest = json.loads((ws / "data/cache/manifest.json").read_text())
     metrics = json.loads((ws / "metrics/precompute.json").read_text())  # the counts, for dvc exp show
@@ -256,7 +254,7 @@ def test_changed_data_refuses_to_resume(ws, capsys, tmp_path):
 
 
 def test_an_edit_to_the_code_the_stage_imports_retrains_from_step_0(ws, tmp_path):
-    """The fingerprint holds the digest of the stage's import closure: after an edit to codi/batching.py
+    """The fingerprint holds the digest of the stage's import closure: after an edit to codi/data/batching.py
     (which DVC reruns sft for), the finished checkpoint is not resumed; training starts again at step 0."""
     other = tmp_path / "ws"
     shutil.copytree(ws, other, ignore=shutil.ignore_patterns("traces_again"))
@@ -271,14 +269,14 @@ def test_an_edit_to_the_code_the_stage_imports_retrains_from_step_0(ws, tmp_path
     assert "resuming from" in sft()  # the same code (a copy of it): the finished run is resumed, nothing retrains
     loss_tsv = other / "dvclive/sft/plots/metrics/train/loss.tsv"
     loss_tsv.write_text("step\tloss\n")  # a resumed run would add no row; a fresh one logs every step again
-    (other / "codi/batching.py").write_text((other / "codi/batching.py").read_text() + "\n# an edit\n")
+    (other / "codi/data/batching.py").write_text((other / "codi/data/batching.py").read_text() + "\n# an edit\n")
     out = sft()
-    assert "refusing to resume" in out and "the code the stage imports changed (codi/batching.py modified)" in out
+    assert "refusing to resume" in out and "the code the stage imports changed (codi/data/batching.py modified)" in out
     assert "resuming from" not in out
     steps = [int(line.split("\t")[0]) for line in loss_tsv.read_text().splitlines()[1:]]
     assert steps == [1, 2, 4, 6, 8]
     run = json.loads((other / "checkpoints/sft/run.json").read_text())
-    assert run["code"]["codi/batching.py"] != json.loads((ws / "checkpoints/sft/run.json").read_text())["code"]["codi/batching.py"]
+    assert run["code"]["codi/data/batching.py"] != json.loads((ws / "checkpoints/sft/run.json").read_text())["code"]["codi/data/batching.py"]
 
 
 def test_dvclive_metrics_are_on_disk_while_the_stage_runs(ws, tmp_path):
@@ -379,13 +377,13 @@ def test_console_script_entry_point(tmp_path):
 
 
 def test_fresh_seed_evaluates_the_committed_models_on_new_programs(ws, tmp_path):
-    """codi.fresh_seed: programs of another generator seed, none of them in the committed cache, traced and
+    """experiments.fresh_seed: programs of another generator seed, none of them in the committed cache, traced and
     encoded with the committed tokenizer, evaluated by the evaluate stage; each mode's accuracy set beside
     the committed synthetic-test interval."""
     import pandas as pd
 
-    from codi.config import load_params
-    from codi.fresh_seed import MODES, committed_programs, fresh_samples, run
+    from codi.infra.config import load_params
+    from experiments.fresh_seed import MODES, committed_programs, fresh_samples, run
 
     params = load_params(ws / "params.yaml")
     seen = committed_programs(ws / "data/cache")

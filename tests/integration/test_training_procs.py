@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from codi.__main__ import main
-from codi.data import CacheDataset
+from codi.data.cache import CacheDataset
 from codi.training.checkpoints import checkpoint_step
 from tests.tiny import tiny_params, write_params
 

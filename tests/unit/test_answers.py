@@ -1,4 +1,4 @@
-"""codi.answers: literal parsing, type-strict comparison, the direct target format."""
+"""codi.data.answers: literal parsing, type-strict comparison, the direct target format."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codi.answers import (
-    NOT_LITERAL, answers_match, compare_answers, direct_target_ids, literal_value, parse_direct, render_direct,
+from codi.data.answers import (
+    NOT_LITERAL,
+    answers_match,
+    compare_answers,
+    direct_target_ids,
+    literal_value,
+    parse_direct,
+    render_direct,
 )
-from codi.tokens import ARG_SEP
 from codi.tracing.format import REPR_CUT
+from codi.tracing.tokens import ARG_SEP
 
 
 @pytest.mark.parametrize("text, value", [
@@ -100,7 +106,7 @@ def test_direct_target_ids_round_trip_through_a_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from codi.tokens import add_trace_tokens
+    from codi.tracing.tokens import add_trace_tokens
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,4 +1,4 @@
-"""params.yaml <-> codi/schemas/ (codi/params.py) <-> dvc.yaml cannot drift; bad values fail with the key named."""
+"""params.yaml <-> codi/schemas/ (codi/schemas/params.py) <-> dvc.yaml cannot drift; bad values fail with the key named."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from codi.__main__ import COMMANDS
-from codi.config import ConfigError, describe, load_params, params_from_dict, read_yaml, to_dict
-from codi.params import Params
+from codi.infra.config import ConfigError, describe, load_params, params_from_dict, read_yaml, to_dict
+from codi.schemas.params import Params
 
 ROOT = Path(__file__).resolve().parents[2]
 

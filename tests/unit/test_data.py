@@ -6,7 +6,7 @@ from collections import Counter
 
 import pyarrow as pa
 
-from codi.data import CacheDataset, read_table, split_of, write_split
+from codi.data.cache import CacheDataset, read_table, split_of, write_split
 
 
 def test_split_is_stable_and_follows_fractions():

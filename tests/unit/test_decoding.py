@@ -1,4 +1,4 @@
-"""codi.decoding: explicit / latent / direct greedy decoding on tiny Qwen2 models.
+"""codi.evaluation.decoding: explicit / latent / direct greedy decoding on tiny Qwen2 models.
 
 Two models: a random one (numerics of batching and caching), and one overfit here in a few seconds
 on four hand-written traces (explicit and latent sequences) and two direct targets, so that all three
@@ -11,18 +11,27 @@ from __future__ import annotations
 
 import copy
 
-
 import pytest
 import torch
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from codi.answers import answers_match, direct_target_ids
-from codi.decoding import (LATENT, LATENT_TEXT, DecodeResult, build_action_trie, decode, iter_decode, latent_statistics,
-                           parse_generation, program_action_lines, true_action_lines)
-from codi.metrics import score_example
-from codi.tokens import ACTION_SEP, EOS, FRAME_SEP, PAD, TRACE_TOKENS, add_trace_tokens, token_ids
+from codi.data.answers import answers_match, direct_target_ids
+from codi.evaluation.decoding import (
+    LATENT,
+    LATENT_TEXT,
+    DecodeResult,
+    build_action_trie,
+    decode,
+    iter_decode,
+    latent_statistics,
+    parse_generation,
+    program_action_lines,
+    true_action_lines,
+)
+from codi.evaluation.metrics import score_example
 from codi.tracing.format import Frame, actions, encode_value, exit_kind, render_frame, render_prompt, render_trace
+from codi.tracing.tokens import ACTION_SEP, EOS, FRAME_SEP, PAD, TRACE_TOKENS, add_trace_tokens, token_ids
 
 LATENT_STEPS = 2
 

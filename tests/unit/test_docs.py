@@ -1,6 +1,6 @@
-"""The README and docs/ name only things that exist: every repository path (a file of the repository, or an
-output dvc.yaml declares), every `python -m` command and every `make` target they mention; and the README
-stays short."""
+"""The README, docs/ and docs/design/ name only things that exist: every repository path (a file of the repository,
+or an output dvc.yaml declares), every dotted module name, every `python -m` command and every `make` target they
+mention; the README stays short; and docs/ARCHITECTURE.md is a short map with a row for every module."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TOP = {"codi", "pipelines", "tests", "docs", "benchmarks", "tools", "configs", "data", "models", "metrics", "plots",
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "design").glob("*.md"))]
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+PACKAGES = ("codi", "experiments", "pipelines")
+TOP = {"codi", "pipelines", "experiments", "tests", "docs", "benchmarks", "tools", "configs", "data", "models", "metrics", "plots",
        "dvclive", "checkpoints", ".dvc"}
 ROOT_FILES = {"dvc.yaml", "dvc.lock", "params.yaml", "Makefile", "pyproject.toml", "constraints.txt", "README.md"}
 CODE = re.compile(r"`([^`\n]+)`")
@@ -156,8 +158,126 @@ def test_the_differential_suite_is_described_with_its_size():
 def test_the_checker_finds_what_is_missing():
     """Guard against a checker that passes everything (a broken pattern would pass every doc)."""
     files, outputs = tracked_files(), declared_outputs()
-    assert exists("codi/modeling/options.py", files, outputs) and exists("models/codi/codi_config.json", files, outputs)
+    assert exists("codi/schemas/options.py", files, outputs) and exists("models/codi/codi_config.json", files, outputs)
     assert exists("checkpoints/<stage>/run.json", files, outputs) and exists("data/cache/{train,val}.arrow", files, outputs)
     for wrong in ("codi/nope.py", "metrics/nope.json", "docs/NOPE.md", "models/nope", "metrics/{eval,nope}.json", "plots/nope.png"):
         assert not exists(wrong, files, outputs), wrong
-    assert path_candidates("see `codi/config.py` and dvc.yaml, not codi or the/path") == ["codi/config.py", "dvc.yaml"]
+    assert path_candidates("see `codi/infra/config.py` and dvc.yaml, not codi or the/path") == ["codi/infra/config.py", "dvc.yaml"]
+    for stale in ("codi.config", "codi.data.CacheDataset", "codi.modeling.options.CodiOptions", "codi.nope.f"):
+        assert dotted_name_problem(stale, {}) is not None, stale
+    for fine in ("codi.data.cache.CacheDataset", "codi.modeling.CodiModel", "codi.tracing.worker",
+                 "pipelines.dvc.is_transient", "metrics/codi.json"):
+        assert dotted_name_problem(fine, {}) is None, fine
+
+
+DOTTED = re.compile(r"(?<![\w/.-])((?:codi|experiments|pipelines)(?:\.\w+)+)")
+FILE_SUFFIXES = (".json", ".py", ".md", ".yaml", ".png", ".arrow", ".parquet", ".pth", ".safetensors", ".csv", ".tsv")
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    p = ROOT.joinpath(*parts)
+    if p.with_suffix(".py").is_file():
+        return p.with_suffix(".py")
+    return p / "__init__.py" if (p / "__init__.py").is_file() else None
+
+
+def _top_level_names(file: Path) -> set[str]:
+    """What `module.<name>` can name: top-level defs, classes, assignments and imports; for a lazy package (a
+    module `__getattr__`), also the names it holds as strings."""
+    source = file.read_text(encoding="utf-8")
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    if "__getattr__" in names:
+        names.update(re.findall(r"[\"'](\w+)[\"']", source))
+    return names
+
+
+def dotted_name_problem(name: str, params: dict) -> str | None:
+    """Why `codi.x.y` (or experiments..., pipelines...) names nothing, or None: the longest prefix that is a module
+    must exist, and the next name must be defined in it. `codi.<key>` of params.yaml's codi section is a params
+    key, and a file name (`metrics/codi.json`) is a path: neither is a module name."""
+    if name.endswith(FILE_SUFFIXES) or not DOTTED.fullmatch(name):
+        return None
+    parts = name.split(".")
+    if parts[0] == "codi" and parts[1] in (params.get("codi") or {}):
+        return None
+    n = next((k for k in range(len(parts), 0, -1) if _module_file(parts[:k]) is not None), 0)
+    if n == 0:
+        return "no such package"
+    if n == len(parts):
+        return None
+    attr = parts[n]
+    if n + 1 < len(parts) and attr.islower():
+        return f"no module {'.'.join(parts[:n + 1])}"
+    if attr not in _top_level_names(_module_file(parts[:n])):
+        return f"{'.'.join(parts[:n])} defines no {attr}"
+    return None
+
+
+def test_every_named_module_exists():
+    """`codi.data.cache.CacheDataset`, `python -m experiments.ladder`: a module name that a move left behind fails."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    stale = sorted({f"{doc.name}: {m.group(1)}: {why}" for doc in DOCS for mention in mentions(doc)
+                    for m in DOTTED.finditer(mention) if (why := dotted_name_problem(m.group(1), params))})
+    assert stale == []
+
+
+def modules() -> list[str]:
+    """Every .py module of codi/, experiments/ and pipelines/."""
+    return sorted(p.relative_to(ROOT).as_posix() for top in PACKAGES for p in (ROOT / top).rglob("*.py")
+                  if "__pycache__" not in p.parts)
+
+
+def test_the_architecture_map_has_a_row_for_every_module():
+    named = set(CODE.findall(text(ARCHITECTURE)))
+    assert len(modules()) > 60
+    assert [m for m in modules() if m not in named] == []
+
+
+def test_the_architecture_map_is_short():
+    assert len(text(ARCHITECTURE).splitlines()) <= 300
+
+
+FLOORS = ("infra", "schemas", "sources", "tracing", "data", "modeling", "evaluation", "training", "stages")
+
+
+def _imports(file: Path) -> set[str]:
+    """The project modules a file imports, function-local imports included."""
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return {m for m in found if m.split(".")[0] in PACKAGES}
+
+
+def test_the_layers_of_the_map_hold():
+    """ARCHITECTURE.md, "Layers": a floor of codi/ imports only its own and lower floors; codi/ imports neither
+    experiments/ nor pipelines/; pipelines/ imports only codi.infra, codi.schemas and experiments.dvc_exp;
+    experiments/ never imports pipelines/."""
+    def floor(module: str) -> int | None:
+        parts = module.split(".")
+        return FLOORS.index(parts[1]) if parts[0] == "codi" and len(parts) > 1 and parts[1] in FLOORS else None
+
+    wrong = []
+    for path in modules():
+        module = ".".join(Path(path).with_suffix("").parts)
+        for dep in sorted(_imports(ROOT / path)):
+            top = module.split(".")[0]
+            if top == "codi":  # codi/__init__.py and codi/__main__.py stand on the lowest floor
+                ok = dep == "codi" or floor(dep) is not None and floor(dep) <= (floor(module) or 0)
+            elif top == "pipelines":
+                ok = dep.startswith(("pipelines", "codi.infra", "codi.schemas", "experiments.dvc_exp"))
+            else:
+                ok = not dep.startswith("pipelines")
+            if not ok:
+                wrong.append(f"{module} imports {dep}")
+    assert wrong == []

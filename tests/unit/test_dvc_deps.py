@@ -1,7 +1,7 @@
 """dvc.yaml's code deps of each stage are exactly the import closure of the module its `cmd` runs.
 
 A dep missing from dvc.yaml means an edit there reruns nothing and `dvc status` says "up to date" over stale
-results; a dep too many reruns a stage that an edit cannot affect. The closure comes from codi.provenance
+results; a dep too many reruns a stage that an edit cannot affect. The closure comes from codi.infra.provenance
 (every import statement of every file, from the entry point and the stage module), the same function that
 puts the code's digest into a training run's checkpoint fingerprint.
 """
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from codi.__main__ import COMMANDS, stage_module
-from codi.provenance import REPO_ROOT, stage_code_files
+from codi.infra.provenance import REPO_ROOT, stage_code_files
 
 DVC_YAML = REPO_ROOT / "dvc.yaml"
 
@@ -68,14 +68,14 @@ def test_code_deps_are_exactly_the_import_closure(stages):
 def test_a_missing_dep_is_found(stages):
     """The check fails on a dvc.yaml with one needed dep removed (and on one with a needless dep)."""
     mutated = copy.deepcopy(stages)
-    mutated["evaluate"]["deps"].remove("codi/metrics.py")
-    assert code_dep_problems(mutated) == ["evaluate: imports codi/metrics.py, which is not a dep"]
+    mutated["evaluate"]["deps"].remove("codi/data/values.py")
+    assert code_dep_problems(mutated) == ["evaluate: imports codi/data/values.py, which is not a dep"]
     mutated = copy.deepcopy(stages)
     mutated["codi"]["deps"].remove("codi/training")  # a folder dep covers every file under it
     assert code_dep_problems(mutated)[0] == "codi: imports codi/training/__init__.py, which is not a dep"
     mutated = copy.deepcopy(stages)
-    mutated["extract"]["deps"].append("codi/batching.py")
-    assert code_dep_problems(mutated) == ["extract: dep codi/batching.py is not imported by the stage"]
+    mutated["extract"]["deps"].append("codi/data/batching.py")
+    assert code_dep_problems(mutated) == ["extract: dep codi/data/batching.py is not imported by the stage"]
 
 
 def stages_reading(file: str) -> set[str]:
@@ -88,17 +88,17 @@ def test_a_section_schema_edit_reruns_only_the_stages_that_read_it():
     """One schema module per params.yaml section: editing the codi section's schema reruns codi (and evaluate,
     which reads the CODI options back from the model folder), not extract, precompute or sft."""
     assert stages_reading("codi/schemas/codi.py") == {"codi"}
-    assert stages_reading("codi/modeling/options.py") == {"codi", "evaluate"}
+    assert stages_reading("codi/schemas/options.py") == {"codi", "evaluate"}
     assert stages_reading("codi/schemas/extract.py") == {"extract"}
     assert stages_reading("codi/schemas/evaluate.py") == {"evaluate"}
     assert stages_reading("codi/schemas/pipeline.py") == set()
-    assert stages_reading("codi/params.py") == set()      # the whole file's schema: checked, no code dep
+    assert stages_reading("codi/schemas/params.py") == set()      # the whole file's schema: checked, no code dep
 
 
 def test_a_function_local_import_is_in_the_closure(tmp_path):
     """Lazy imports count (a superset of one run's imports is safe; missing one is not)."""
     files = {p.relative_to(REPO_ROOT).as_posix() for p in stage_code_files("codi.stages.sft")}
-    assert "codi/launch.py" in files and "codi/linux.py" in files   # launch is imported at the top; linux by launch
+    assert "codi/infra/launch.py" in files and "codi/infra/linux.py" in files   # launch is imported at the top; linux by launch
     assert "codi/modeling/model.py" not in files                    # sft trains no CodiModel
     assert "codi/stages/extract.py" not in files                    # the CLI table imports no stage module
 

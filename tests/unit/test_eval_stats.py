@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from codi.metrics import Bootstrap, bootstrap_intervals, first_error, scores_frame, summarize
-from codi.report import compact, markdown_report
+from codi.evaluation.metrics import Bootstrap, bootstrap_intervals, first_error, scores_frame, summarize
+from codi.evaluation.report import compact, markdown_report
 from codi.tracing.format import Frame
-from tests.unit.test_metrics import TRUTH, Pred, _latent
+from tests.unit.test_metrics import Pred, _latent
 
 BOOT = Bootstrap(samples=1000, seed=0, level=0.95)
 NESTED = [

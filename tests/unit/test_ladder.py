@@ -9,9 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codi.config import ConfigError, params_from_dict, read_yaml
-from codi.ladder import (Rung, apply_overrides, collect, load_rungs, markdown_table, plot, queue_command, rung_of,
-                         rung_row, set_args)
+from codi.infra.config import ConfigError, params_from_dict, read_yaml, set_dotted
+from experiments.dvc_exp import set_args
+from experiments.ladder import (
+    Rung,
+    collect,
+    load_rungs,
+    markdown_table,
+    plot,
+    queue_command,
+    rung_of,
+    rung_row,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +30,7 @@ def test_the_shipped_rungs_are_valid_params_and_span_the_axes():
     assert len(rungs) >= 6 and len({r.name for r in rungs}) == len(rungs)
     shipped = read_yaml(ROOT / "params.yaml")
     for r in rungs:
-        params = params_from_dict(apply_overrides(shipped, r.overrides))
+        params = params_from_dict(set_dotted(shipped, r.overrides))
         assert r.doc and all(k.startswith(("extract.synthetic.", "sft.")) for k in r.overrides), r.name
         assert params.extract.synthetic  # a full, valid params file
     ops = {tuple(r.overrides.get("extract.synthetic.operators", ())) for r in rungs}
@@ -130,7 +139,7 @@ def test_collect_reads_finished_experiments_from_their_git_refs(tmp_path):
 
 
 def test_rung_row_carries_the_ablation_and_probe_and_the_table_shows_them():
-    from codi.ladder import carried_table, rung_row
+    from experiments.ladder import carried_table, rung_row
     lens = {"position_0": {"all": 0.1}, "position_1": {"all": 0.4}}
     evaluation = {"latent_ablation": {"test": {"ablated_accuracy": 0.12, "ablated_accuracy_ci": [0.1, 0.14],
                                                "kept_share": 0.05, "kept_share_ci": [-0.1, 0.2],

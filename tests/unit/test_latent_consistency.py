@@ -1,4 +1,4 @@
-"""Training and evaluation compute the same latent block: the latent decoder (codi.decoding, one position
+"""Training and evaluation compute the same latent block: the latent decoder (codi.evaluation.decoding, one position
 at a time), the training recurrence in lockstep (tests.codi_oracle.latent_block over codi.modeling's
 PaddedRows + latent_recurrence) and the reference's per-example block (the oracle) give the same latent_end
 hidden state, hence the same prediction after the block."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from codi.decoding import decode
+from codi.evaluation.decoding import decode
 from codi.modeling import PaddedRows
-from codi.tokens import token_ids
+from codi.tracing.tokens import token_ids
 from tests.codi_oracle import _latent_block as oracle_block
 from tests.codi_oracle import codi_model, latent_block
 from tests.unit.test_decoding import _encode, _model, _tokenizer

@@ -1,4 +1,4 @@
-"""codi.launch: our own CPU workers, their environment, and the group's exit status."""
+"""codi.infra.launch: our own CPU workers, their environment, and the group's exit status."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import signal
 import sys
 import time
 
-import pytest
-
-from codi.launch import maybe_relaunch, shell_status, spawn_workers
+from codi.infra.launch import maybe_relaunch, shell_status, spawn_workers
 
 ENV_DUMP = ("import json, os, sys; keys = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', "
             "'MASTER_ADDR', 'MASTER_PORT', 'CODI_DIE_WITH_PARENT']; "

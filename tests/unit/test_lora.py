@@ -1,4 +1,4 @@
-"""LoRA and QLoRA (codi.lora): what trains, the folders a LoRA stage writes, resuming, and the params' errors.
+"""LoRA and QLoRA (codi.modeling.lora): what trains, the folders a LoRA stage writes, resuming, and the params' errors.
 
 Most tests use a random 2-layer Qwen2 (tests/codi_oracle.py); the last runs `python -m codi sft` and `codi`
 with LoRA on a tiny workspace, as the pipeline does (about 10 s alone on 2 cores).
@@ -15,9 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from codi.config import ConfigError, params_from_dict, sections
-from codi.hf import load_causal_lm
-from codi.lora import (ADAPTER_DIR, LoraRun, apply_lora, load_for_lora, load_unmerged, new_token_ids, qlora_problem)
+from codi.infra.config import ConfigError, params_from_dict, sections
+from codi.infra.hf import load_causal_lm
+from codi.modeling.lora import (
+    ADAPTER_DIR,
+    LoraRun,
+    apply_lora,
+    load_for_lora,
+    load_unmerged,
+    new_token_ids,
+    qlora_problem,
+)
 from codi.schemas.lora import LoraConfig
 from codi.training.checkpoints import checkpoint_problem
 from tests.codi_oracle import TOKEN_IDS, codi_model, make_example, tiny_base
@@ -179,7 +187,7 @@ def word_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from codi.tokens import add_trace_tokens
+    from codi.tracing.tokens import add_trace_tokens
 
     tk = Tokenizer(models.WordLevel({"<unk>": 0, **{f"w{i}": i + 1 for i in range(40)}}, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -190,7 +198,7 @@ def word_tokenizer():
 
 def test_a_lora_codi_folder_loads_merged_or_not_with_equal_logits(tmp_path):
     from codi.modeling.io import load_codi_model, save_codi_model
-    from codi.tokens import token_ids
+    from codi.tracing.tokens import token_ids
 
     tok = word_tokenizer()
     tids = token_ids(tok)

@@ -1,4 +1,4 @@
-"""codi.metrics on hand-made predictions: per-example scores and their aggregation."""
+"""codi.evaluation.metrics on hand-made predictions: per-example scores and their aggregation."""
 
 from __future__ import annotations
 
@@ -7,9 +7,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from codi.metrics import (
-    Bootstrap, action_accuracy, cross_mode, latent_diagnostics, locals_accuracy, mode_stats, per_difficulty,
-    score_example, summarize, truth_answer,
+from codi.evaluation.metrics import (
+    Bootstrap,
+    action_accuracy,
+    cross_mode,
+    latent_diagnostics,
+    locals_accuracy,
+    mode_stats,
+    per_difficulty,
+    score_example,
+    summarize,
+    truth_answer,
 )
 from codi.tracing.format import Frame
 

@@ -1,4 +1,4 @@
-"""Where `model.base` comes from, and what makes a result from it stale or unreproducible (codi.base_model)."""
+"""Where `model.base` comes from, and what makes a result from it stale or unreproducible (codi.modeling.base_model)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from codi.base_model import check_model_source, is_pinned_revision, source_warnings
+from codi.modeling.base_model import check_model_source, is_pinned_revision, source_warnings
 from tests.tiny import shipped
 
 
@@ -51,7 +51,7 @@ def test_the_shipped_dvc_yaml_makes_base_models_a_dependency_of_precompute():
 
 @pytest.mark.parametrize("base", ["base_models/missing"])
 def test_a_missing_local_folder_is_still_an_error(tmp_path, monkeypatch, base):
-    from codi.config import ConfigError
+    from codi.infra.config import ConfigError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="no such model folder"):

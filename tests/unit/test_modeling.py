@@ -14,12 +14,28 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.codi_oracle` without a conftest
 
 import codi.modeling.losses as losses  # noqa: E402
-from codi.modeling import (CodiModel, LossWeights, PaddedRows, activation_checkpointing,  # noqa: E402
-                           load_codi_model, plan_example, read_codi_config, save_codi_model, ss_ramp)
-from codi.tokens import add_trace_tokens, token_ids  # noqa: E402
+from codi.modeling import (  # noqa: E402
+    CodiModel,
+    LossWeights,
+    PaddedRows,
+    activation_checkpointing,
+    load_codi_model,
+    plan_example,
+    read_codi_config,
+    save_codi_model,
+    ss_ramp,
+)
+from codi.tracing.tokens import add_trace_tokens, token_ids  # noqa: E402
+from tests.codi_oracle import (  # noqa: E402
+    TOKEN_IDS,
+    codi_model,
+    latent_block,
+    make_example,
+    oracle_forward,
+    oracle_latent_block,
+    tiny_base,
+)
 from tests.tiny import shipped  # noqa: E402
-from tests.codi_oracle import (TOKEN_IDS, codi_model, latent_block, make_example, oracle_forward,  # noqa: E402
-                               oracle_latent_block, tiny_base)
 
 torch.set_num_threads(1)
 W = dict(teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0)

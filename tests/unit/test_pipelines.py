@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import pipelines
-from codi.config import ConfigError
+from codi.infra.config import ConfigError
 from pipelines import dvc, process
 from pipelines.__main__ import main as cli_main
 from pipelines.__main__ import parse_grid, parse_value
@@ -168,3 +168,16 @@ def test_deployments_carry_the_cron_schedule_and_the_repo(tmp_path: Path) -> Non
 def test_cli_reports_bad_input_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["experiments", "gamma"]) == 1
     assert capsys.readouterr().err == "error: bad override 'gamma': expected KEY=V1[,V2...], e.g. gamma=0.5,1,2\n"
+
+
+@pytest.mark.parametrize("value", ["a: b", "true", "1e-3", "null", "tiny", "x y", "[1]", 0.5, 1e-05, 7, True, None,
+                                   [1, 2], ["max", "min"], {"a": 1}, "it's"])
+def test_one_formatter_of_set_values_reads_back_equal(value):
+    """`-S key=value` text: what DVC reads back (YAML) is the value asked for, also for a string YAML would read
+    as something else; the ladder, the profiles and the flows share it (experiments.dvc_exp)."""
+    from codi.infra.config import yaml_value
+    from experiments import dvc_exp
+
+    assert yaml_value(dvc_exp.format_value(value)) == value
+    assert dvc.format_value is dvc_exp.format_value
+    assert dvc_exp.exp_run_args({"k": value}, "n", queue=True)[:5] == ["exp", "run", "--queue", "-n", "n"]

@@ -24,14 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from codi import device  # noqa: E402
-from codi.config import ConfigError  # noqa: E402
+from codi.infra import device  # noqa: E402
+from codi.infra.config import ConfigError  # noqa: E402
 from codi.modeling.latent import PaddedRows, latent_input  # noqa: E402
 from codi.training.args import training_arguments  # noqa: E402
 from tests.codi_oracle import oracle_forward, tiny_base  # noqa: E402
 from tests.tiny import shipped  # noqa: E402
-from tests.unit.test_modeling_equivalence import (LOSS_KEYS, NEW_OPTIONS, OPTIONS, build, edge_batch,  # noqa: E402
-                                                  mixed_batch, run)
+from tests.unit.test_modeling_equivalence import LOSS_KEYS, NEW_OPTIONS, OPTIONS, build, edge_batch, mixed_batch, run  # noqa: E402
 
 U = 2.0 ** -8  # bf16 unit roundoff
 

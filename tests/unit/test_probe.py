@@ -1,4 +1,4 @@
-"""codi.probe: the linear probe and logit lens read what a block holds; the ablation says what the latents carry."""
+"""codi.evaluation.probe: the linear probe and logit lens read what a block holds; the ablation says what the latents carry."""
 
 from __future__ import annotations
 
@@ -8,11 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from codi.decoding import decode, mean_latent
+from codi.data.values import AssignedValue
+from codi.evaluation.decoding import decode, mean_latent
+from codi.evaluation.probe import (
+    ProbeBlocks,
+    ablation_summary,
+    collect_blocks,
+    diagnosis,
+    fit_linear_probe,
+    logit_lens,
+    probe_report,
+)
 from codi.modeling.latent import build_projector
-from codi.probe import (ProbeBlocks, ablation_summary, collect_blocks, diagnosis, fit_linear_probe, logit_lens,
-                        probe_report)
-from codi.values import AssignedValue
 from tests.codi_oracle import TOKEN_IDS, codi_model, make_example, tiny_base
 
 torch.set_num_threads(1)

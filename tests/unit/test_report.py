@@ -1,4 +1,4 @@
-"""codi.report on hand-made summaries: the DVC metrics shape, the plot tables and files, predictions, markdown."""
+"""codi.evaluation.report on hand-made summaries: the DVC metrics shape, the plot tables and files, predictions, markdown."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from codi.report import PLOT_FILES, compact, markdown_report, plot_tables, summary_table, write_plots, write_predictions
+from codi.evaluation.report import (
+    PLOT_FILES,
+    compact,
+    markdown_report,
+    plot_tables,
+    summary_table,
+    write_plots,
+    write_predictions,
+)
 
 
 def _stats(n: int, acc: float, positions: float, time_s: float, trace: float | None = None,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+import codi.schemas.source_names
 import codi.sources
-from codi.config import ConfigError, params_from_dict
-from codi.sources import source_names
+from codi.infra.config import ConfigError, params_from_dict
+from codi.schemas.source_names import source_names
 from codi.sources.base import DatasetError
 from codi.sources.registry import load_samples, parse_hub_path
 from codi.stages.extract import check_tracked_paths
@@ -138,6 +139,7 @@ def test_a_new_source_is_one_module_plus_its_params_entries(tmp_path, monkeypatc
     plugins.mkdir()
     (plugins / "toy.py").write_text(TOY_SOURCE)
     monkeypatch.setattr(codi.sources, "__path__", [*codi.sources.__path__, str(plugins)])
+    monkeypatch.setattr(codi.schemas.source_names, "SOURCE_DIRS", [*codi.schemas.source_names.SOURCE_DIRS, plugins])
     monkeypatch.delitem(sys.modules, "codi.sources.toy", raising=False)
     assert "toy" in source_names()
 

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from codi.config import ConfigError, params_from_dict
+from codi.infra.config import ConfigError, params_from_dict
 from codi.schemas.extract import SyntheticConfig
 from codi.sources import synthetic
 from codi.sources.synthetic import MAX_LINES, generate, generate_programs

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers, decoders
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from codi.base_model import train_tiny_tokenizer
-from codi.spans import SpanError, encode_examples, encode_naive
-from codi.tokens import ACTION_SEP, FRAME_SEP, LINE_SEP, TRACE_TOKENS, add_trace_tokens, token_ids
+from codi.data.spans import SpanError, encode_examples, encode_naive
+from codi.modeling.base_model import train_tiny_tokenizer
 from codi.tracing.format import Frame, encode_locals, encode_value, locals_offsets, render_prompt, render_trace
+from codi.tracing.tokens import TRACE_TOKENS, add_trace_tokens, token_ids
 from tests.tiny import shipped
 
 PROGRAM = "def f(s, n):\n    t = s * n\n    return t\n"
@@ -146,8 +146,8 @@ def test_a_saved_tiny_tokenizer_loads_back_exactly_beside_a_qwen2_config(tmp_pat
     every digit: whole-number tokens would come back as digits. load_tokenizer reads the saved one verbatim."""
     from transformers import AutoTokenizer
 
-    from codi.base_model import save_base, tiny_model
-    from codi.tokens import load_tokenizer, tokenizer_sha256
+    from codi.modeling.base_model import save_base, tiny_model
+    from codi.tracing.tokens import load_tokenizer, tokenizer_sha256
 
     cfg = shipped("model.tiny", vocab_size=400, split_digits=split_digits, hidden_size=16, num_heads=2,
                   num_kv_heads=1, num_layers=1, intermediate_size=16)

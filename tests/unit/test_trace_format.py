@@ -8,11 +8,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codi.tokens import ACTION_SEP, ARG_SEP, FRAME_SEP, LINE_SEP, TRACE_TOKENS, contains_special
 from codi.tracing.format import (
-    UNCHANGED, Frame, TraceParseError, actions, encode_locals, encode_value, entry_exit, exit_kind, locals_offsets,
-    parse_frames_prefix, parse_trace, render_frame, render_prompt, render_trace,
+    UNCHANGED,
+    Frame,
+    TraceParseError,
+    actions,
+    encode_locals,
+    encode_value,
+    entry_exit,
+    exit_kind,
+    locals_offsets,
+    parse_frames_prefix,
+    parse_trace,
+    render_frame,
+    render_prompt,
+    render_trace,
 )
+from codi.tracing.tokens import ACTION_SEP, ARG_SEP, FRAME_SEP, LINE_SEP, TRACE_TOKENS, contains_special
 
 # Text a trace field may hold: anything but a special token (those samples are unrepresentable).
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30).filter(lambda s: not contains_special(s))

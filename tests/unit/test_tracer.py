@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import signal
@@ -12,9 +11,9 @@ import threading
 import pytest
 
 from codi.sources.base import Sample
-from codi.tokens import FRAME_SEP
 from codi.tracing.format import REPR_CUT, UNCHANGED, entry_exit, exit_kind, parse_trace, render_trace
 from codi.tracing.sandbox import STATUSES, TracerPool, candidate_modes, trace_in_fresh_interpreter
+from codi.tracing.tokens import FRAME_SEP
 from codi.tracing.worker import build_frames, parse_stream
 from tests.tiny import shipped
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from codi.sources.base import Sample
-from codi.tracing.format import exit_kind, entry_exit
+from codi.tracing.format import entry_exit, exit_kind
 from codi.tracing.sandbox import TracerPool
 from tests.fixtures.differential_programs import PROGRAMS
 from tests.tiny import shipped

@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from codi.config import UserError
+from codi.infra.config import UserError
 from codi.schemas.wandb import WandbConfig
-from codi.training import tracking
 from codi.training.tracking import LiveMetrics, NoLiveMetrics, setup_wandb
 
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import os
 import socket
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from codi.batching import IGNORE_INDEX, CausalLMCollator
-from codi.files import atomic_dir
+from codi.data.batching import IGNORE_INDEX, CausalLMCollator
+from codi.infra.files import atomic_dir
 from codi.training.checkpoints import CheckpointDir, checkpoint_problem
 from codi.training.tracking import finish_wandb, setup_wandb
 from tests.tiny import shipped
+
+
 def examples():
     return [{"prompt_ids": [5, 6, 7], "trace_ids": [8, 9, 2], "answer_ids": [4, 2]},
             {"prompt_ids": [5, 6, 7, 7, 7], "trace_ids": [8, 9, 9, 9, 2], "answer_ids": [3, 3, 2]}]
@@ -61,7 +62,7 @@ def test_loss_is_the_mean_ce_over_trace_tokens_and_needs_no_mask():
 
 
 def test_computed_mask_marks_what_a_frame_does_not_copy_and_the_return_value():
-    from codi.batching import computed_mask
+    from codi.data.batching import computed_mask
     from tests.codi_oracle import TOKEN_IDS as ids
 
     # CALL {a 1} | LINE {a 1} | LINE {a 1 , b 3} | LINE {a 2 , b 3} | RETURN
@@ -191,17 +192,17 @@ def test_wandb_disabled_reports_nowhere(monkeypatch):
 
 def test_the_refusal_names_what_changed_in_words(tmp_path, capsys):
     fp = {"cache": "a" * 64, "params": {"lr": 0.001, "seed": 0}, "weights": [1.0, 1.0, 1.0],
-          "code": {"codi/batching.py": "c" * 64, "codi/data.py": "d" * 64},
+          "code": {"codi/data/batching.py": "c" * 64, "codi/data/cache.py": "d" * 64},
           "start_model": {"config": "e" * 64, "weights": "f" * 64}}
     CheckpointDir(tmp_path / "ck", fp).prepare()
     fake_checkpoint(tmp_path / "ck", 10)
     new = {"cache": "b" * 64, "params": {"lr": 0.002, "seed": 0}, "weights": [1.0, 1.0, 2.0],
-           "code": {"codi/batching.py": "0" * 64, "codi/data.py": "d" * 64, "codi/files.py": "1" * 64},
+           "code": {"codi/data/batching.py": "0" * 64, "codi/data/cache.py": "d" * 64, "codi/infra/files.py": "1" * 64},
            "start_model": {"config": "e" * 64, "weights": "2" * 64}}
     assert CheckpointDir(tmp_path / "ck", new).prepare() is None
     out = capsys.readouterr().out
     assert "the cache (its manifest) changed;" in out
-    assert "the code the stage imports changed (codi/batching.py modified, codi/files.py added)" in out
+    assert "the code the stage imports changed (codi/data/batching.py modified, codi/infra/files.py added)" in out
     assert "the starting model changed (weights)" in out
     assert "the stage's params changed (lr: 0.001 -> 0.002)" in out
     assert "the loss weights alpha, beta, gamma changed ([1.0, 1.0, 1.0] -> [1.0, 1.0, 2.0])" in out

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from codi.__main__ import main
-from codi.config import ConfigError
+from codi.infra.config import ConfigError
 from tests.tiny import ROOT, tiny_params, write_params
 
 
@@ -53,10 +53,10 @@ def test_a_missing_file(params, tmp_path, capsys):
 
 
 def test_a_folder_that_is_not_a_causal_lm(tmp_path):
-    """The stages load every model through codi.hf.load_causal_lm (the CLI path: test_stages_tiny.py)."""
+    """The stages load every model through codi.infra.hf.load_causal_lm (the CLI path: test_stages_tiny.py)."""
     from transformers import ViTConfig
 
-    from codi.hf import load_causal_lm
+    from codi.infra.hf import load_causal_lm
     from codi.modeling import load_codi_model
 
     ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(tmp_path)

@@ -1,4 +1,4 @@
-"""codi.values (the value each LINE frame carries) and the research-IV levers that train on it (codi.modeling)."""
+"""codi.data.values (the value each LINE frame carries) and the research-IV levers that train on it (codi.modeling)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import random
 import pytest
 import torch
 
-from codi.base_model import train_tiny_tokenizer
-from codi.config import ConfigError
-from codi.spans import encode_examples
-from codi.tokens import token_ids
+from codi.data.spans import encode_examples
+from codi.data.values import assigned_name, assigned_values, token_starts, value_offset, value_positions
+from codi.infra.config import ConfigError
+from codi.modeling.base_model import train_tiny_tokenizer
 from codi.tracing.format import Frame, encode_locals, encode_value, locals_offsets, render_prompt, render_trace
-from codi.values import assigned_name, assigned_values, token_starts, value_offset, value_positions
 from tests.codi_oracle import TOKEN_IDS, codi_model, make_example, tiny_base
 from tests.tiny import shipped
 
