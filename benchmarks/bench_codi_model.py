@@ -146,7 +146,7 @@ def dense_floor_fns(model, examples):
     real = torch.tensor([q for e, t in enumerate(seqs) for q in range(e * width, e * width + len(t) - 1)], device=dev)
 
     def teacher():
-        ce, kd = model._teacher(plans)
+        ce, kd, _ = model._teacher(plans)  # (CE, KD targets, value-KD targets: none without the value levers)
         return {"loss": ce.mean() + 0.0 * kd.sum()}
 
     def dense_student():

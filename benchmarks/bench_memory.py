@@ -108,7 +108,8 @@ def token_ids_for(vocab: int) -> TraceTokenIds:
 
 def realistic_example(total: int, ids: TraceTokenIds, seed: int) -> dict:
     """One example of about `total` tokens (prompt + trace, never fewer): make_example's grammar, Qwen-like lengths,
-    the oracle's special ids mapped to `ids` and plain tokens drawn below the special tokens."""
+    the oracle's special ids mapped to `ids`, plain tokens drawn below the special tokens, a value position per
+    span."""
     remap = {getattr(ORACLE_IDS, k): v for k, v in ids.as_dict().items()}
     plain_hi = min(ids.eos, min(ids.as_dict().values()))
     n = 1
@@ -118,8 +119,11 @@ def realistic_example(total: int, ids: TraceTokenIds, seed: int) -> dict:
         if len(ex["prompt_ids"]) + len(ex["trace_ids"]) >= total or n > total:
             break
         n += 1
+    # value_pos: the token each LINE frame's value sits at (codi.data.values), for the value levers of the
+    # default recipe (value CE, value KD); here one inside each span, as a real trace has one in most
     return {"prompt_ids": [remap.get(t, t) for t in ex["prompt_ids"]],
-            "trace_ids": [remap.get(t, t) for t in ex["trace_ids"]], "spans": ex["spans"]}
+            "trace_ids": [remap.get(t, t) for t in ex["trace_ids"]], "spans": ex["spans"],
+            "value_pos": [(i + j) // 2 if j - i >= 2 else -1 for i, j in ex["spans"]]}
 
 
 def build_base(layers: int, vocab: int, dtype: torch.dtype, device: torch.device, seed: int):
