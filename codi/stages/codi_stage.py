@@ -11,22 +11,20 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from codi.data.cache import check_tokenizer
 from codi.data.values import WithValues
 from codi.infra.config import ConfigError, to_dict
-from codi.infra.device import resolve_precision, set_threads
-from codi.infra.files import write_json
+from codi.infra.device import resolve_precision
 from codi.infra.hf import load_causal_lm
-from codi.infra.launch import maybe_relaunch
-from codi.modeling.lora import apply_lora, check_lora, load_for_lora, trainable_summary
 from codi.modeling.model import CodiModel
 from codi.schemas.codi import CodiConfig, TopLevelWeights
 from codi.schemas.wandb import WandbConfig
-from codi.tracing.tokens import load_tokenizer, token_ids
+from codi.tracing.tokens import token_ids
 from codi.training.checkpoints import run_fingerprint
 from codi.training.codi_trainer import CodiTrainer, collate_examples, sub_losses
-from codi.training.loop import StagePaths, TrainingJob, train, training_splits
-from codi.training.summary import codi_summary, recon_probe, save_loss_png
+from codi.training.loop import StagePaths, TrainerData, TrainingJob, train
+from codi.training.stage import begin, finish
+from codi.training.summary import codi_summary, recon_probe
+from codi.training.weights import load_weights
 
 
 @dataclass(frozen=True)
@@ -40,48 +38,36 @@ class CodiParams(TopLevelWeights):
 def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path, metrics: Path, plots: Path,
         live: Path, argv: list[str]) -> int:
     cfg = params.codi
-    check_lora(cfg.lora, "codi")
-    if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
-        return code
+    start = begin("codi", cfg, sft, cache, argv, missing="run the sft stage first")
+    if isinstance(start, int):
+        return start
     import torch
 
-    if not (sft / "config.json").is_file():
-        raise ConfigError(f"{sft}: no model here (run the sft stage first)")
     teacher_path = Path(os.path.expanduser(cfg.frozen_teacher)) if cfg.frozen_teacher else None
     if teacher_path is not None and not (teacher_path / "config.json").is_file():
         raise ConfigError(f"codi.frozen_teacher = {cfg.frozen_teacher!r}: no model folder (config.json) there")
-    set_threads(cfg.torch_threads)
-    train_ds, val_ds = training_splits(cache)
-
-    tok = load_tokenizer(sft)
-    check_tokenizer(tok, cache, sft)
+    train_ds, val_ds, tok = start.train, start.val, start.tokenizer
     if cfg.uses_values:  # each LINE span's assigned value (codi.data.values): the value CE / KD targets
         train_ds, val_ds = WithValues(train_ds, tok), WithValues(val_ds, tok)
         print(f"codi: value slots (train) {train_ds.coverage()}")
     dtype = torch.bfloat16 if resolve_precision(cfg.precision)["bf16"] else torch.float32
-    base = load_for_lora(sft, dtype, cfg.lora) if cfg.lora.enabled else load_causal_lm(sft, dtype)
+    weights = load_weights(sft, dtype, cfg.lora)
     teacher = load_causal_lm(teacher_path, dtype) if teacher_path else None
     torch.manual_seed(cfg.seed)  # the projector's initialisation: a rerun (or a resume) starts from the same one
-    run_lora = None
-    if cfg.lora.enabled:  # adapters inside the base; CodiModel wraps the same modules, the projector trains in full
-        # CodiModel checkpoints the teacher itself (non-reentrant): no input-grad hooks needed.
-        run_lora = apply_lora(base, cfg.lora, token_ids(tok), start=sft, gradient_checkpointing=False)
-        base = run_lora.model
+    # LoRA: adapters inside the base; CodiModel wraps the same modules, the projector trains in full. CodiModel
+    # checkpoints the teacher itself (non-reentrant): no input-grad hooks needed.
+    weights.adapt(token_ids(tok), start=sft, gradient_checkpointing=False)
     try:
-        model = CodiModel.from_config(base, token_ids(tok), cfg, params.loss_weights, frozen_teacher=teacher)
+        model = CodiModel.from_config(weights.lm, token_ids(tok), cfg, params.loss_weights, frozen_teacher=teacher)
     except ValueError as e:  # a value valid alone but not for this model (kd_layers out of range, ...)
         raise ConfigError(str(e)) from None
-    if run_lora is not None:
-        print(f"codi: LoRA r={cfg.lora.r}: {trainable_summary(model)}")
-    logged = {"codi": to_dict(cfg), "alpha": params.alpha, "beta": params.beta, "gamma": params.gamma}
+    if (line := weights.describe(model)) is not None:
+        print(f"codi: {line}")
 
-    k_acc = min(cfg.val_accuracy_samples, len(val_ds))
     job = TrainingJob(
-        stage="codi", cfg=cfg, logged=logged, trainer_cls=CodiTrainer,
-        trainer_kwargs=dict(model=model, train_dataset=train_ds, eval_dataset=val_ds if len(val_ds) else None,
-                            data_collator=collate_examples, processing_class=tok, codi_cfg=cfg,
-                            val_answers=val_ds.column("answer")[:k_acc], record=logged,
-                            **({"lora": run_lora} if run_lora is not None else {})),
+        stage="codi", cfg=cfg, trainer_cls=CodiTrainer, model=model, weights=weights,
+        logged={"codi": to_dict(cfg), "alpha": params.alpha, "beta": params.beta, "gamma": params.gamma},
+        data=TrainerData(train_ds, val_ds if len(val_ds) else None, collate_examples, tok),
         fingerprint=run_fingerprint("codi", __name__, to_dict(cfg), cache / "manifest.json",
                                     {"start_model": sft, "frozen_teacher": teacher_path},
                                     weights=[params.alpha, params.beta, params.gamma]),
@@ -100,11 +86,9 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
                            steps_this_session=done.steps_this_session)
     if cfg.recon_weight > 0 and len(val_ds):  # what the latents hold: locals decoded back from them (held out)
         summary.update(recon_probe(done.model, val_ds, cfg.eval_batch_size))
-    write_json(metrics, summary)
-    save_loss_png(done.history, ("loss", *sub_losses(cfg), "eval_loss", "eval_student_loss"), plots / "loss.png",
-                  "codi: loss and sub-losses")
-    print(f"codi: {summary['steps']} steps in {summary['train_runtime_s']}s; student loss "
-          f"{summary['student_loss_first']} -> {summary['student_loss_last']}; val student loss "
-          f"{summary['val_student_loss']}, val latent accuracy {summary['val_latent_accuracy']}; model -> {out}"
-          + (f"; wandb run in {done.wandb_dir}" if done.wandb_dir else ""))
-    return 0
+    return finish(done, summary, metrics, plots / "loss.png", ("loss", *sub_losses(cfg), "eval_loss",
+                                                               "eval_student_loss"),
+                  "codi: loss and sub-losses",
+                  f"codi: {summary['steps']} steps in {summary['train_runtime_s']}s; student loss "
+                  f"{summary['student_loss_first']} -> {summary['student_loss_last']}; val student loss "
+                  f"{summary['val_student_loss']}, val latent accuracy {summary['val_latent_accuracy']}; model -> {out}")

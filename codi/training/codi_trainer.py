@@ -1,7 +1,7 @@
 """CodiTrainer: the HF Trainer of the codi stage, and the pieces it shares with tests (collation, ss draws).
 
-    CodiTrainer(model=CodiModel(...), args=..., data_collator=collate_examples, codi_cfg=params.codi,
-                val_answers=[...], record={"codi": ..., "alpha": ...}, ...)
+    CodiTrainer(model=CodiModel(...), args=..., section=params.codi, weights=weights, data_collator=collate_examples,
+                record={"codi": ..., "alpha": ...}, train_dataset=..., eval_dataset=..., processing_class=tok)
 
 It is the one writer of codi model folders (codi.modeling.io): checkpoints and the final model alike.
 """
@@ -19,12 +19,12 @@ import torch
 from codi.data.answers import answers_match
 from codi.evaluation.decoding import iter_decode
 from codi.modeling.io import PROJECTOR_FILE, save_codi_model
-from codi.modeling.lora import ADAPTER_DIR, LoraRun
 from codi.modeling.plan import latent_share, ss_ramp, stage_latent_count, stage_of
 from codi.schemas.codi import CodiConfig
 from codi.schemas.options import CodiOptions
 from codi.training.grouped import LengthGroupedTrainer
 from codi.training.tracking import experiment_name
+from codi.training.weights import FullWeights, Weights
 
 SUB_LOSSES = ("teacher_loss", "student_loss", "kd_loss")
 RECON_LOSS = "recon_loss"  # a sub-loss only when codi.recon_weight > 0
@@ -69,26 +69,14 @@ def save_recon_decoder(model, folder: str | Path) -> None:
         save_file(_tied_state(model.recon_model), str(Path(folder) / RECON_FILE))
 
 
-def load_codi_weights(model, ckpt: str | Path, lora: LoraRun | None = None) -> None:
+def load_codi_weights(model, ckpt: str | Path, weights: Weights | None = None) -> None:
     """Load the base weights and the projector that save_codi_model wrote into an existing CodiModel (and the
-    auxiliary reconstruction decoder of a checkpoint, which a model with one requires). Under LoRA (`lora`)
-    the base's trainable part is the adapter a LoRA checkpoint holds (CodiTrainer._save)."""
+    auxiliary reconstruction decoder of a checkpoint, which a model with one requires). The base's trainable part
+    is what `weights` saved (codi.training.weights: the whole LM, or under LoRA the adapter; CodiTrainer._save)."""
     from safetensors.torch import load_file
 
     ckpt = Path(ckpt)
-    if lora is not None:
-        lora.load_adapter_state(ckpt)
-    else:
-        state: dict[str, torch.Tensor] = {}
-        for f in sorted(ckpt.glob("model*.safetensors")):
-            state.update(load_file(str(f)))
-        result = model.model.load_state_dict(state, strict=False)
-        tied = ({k for k in result.missing_keys if k.endswith("lm_head.weight")}
-                if model.model.config.tie_word_embeddings else set())
-        if set(result.missing_keys) - tied or result.unexpected_keys:
-            raise ValueError(f"{ckpt}: weights do not match the model (missing "
-                             f"{sorted(set(result.missing_keys) - tied)[:3]}, unexpected {result.unexpected_keys[:3]})")
-        model.model.tie_weights()
+    (weights if weights is not None else FullWeights(model.model)).load_checkpoint(ckpt)
     model.projector.load_state_dict(load_file(str(ckpt / PROJECTOR_FILE)))
     if model.recon_model is not None:
         if not (ckpt / RECON_FILE).is_file():
@@ -112,13 +100,12 @@ class CodiTrainer(LengthGroupedTrainer):
       same folder plus the reconstruction decoder, optimizer, scheduler and RNG states. Both record the step,
       the experiment and `record` (the params the run was trained with) in codi_config.json's `extra`."""
 
-    def __init__(self, *args: Any, codi_cfg: CodiConfig, val_answers: list[str], record: dict[str, Any],
-                 lora: LoraRun | None = None, **kwargs: Any):
-        super().__init__(*args, group_by_length=codi_cfg.group_by_length, **kwargs)
-        self.lora = lora  # a LoRA run (codi.modeling.lora): its adapters live inside the model's base
-        self.codi_cfg = codi_cfg
-        self.val_answers = val_answers
-        self.record = record
+    def __init__(self, *args: Any, section: CodiConfig, **kwargs: Any):
+        super().__init__(*args, section=section, **kwargs)
+        self.codi_cfg = section
+        val = self.eval_dataset
+        # the answers the latent decoder is scored against at each evaluation (the first val_accuracy_samples)
+        self.val_answers = val.column("answer")[:min(section.val_accuracy_samples, len(val))] if val else []
         self._window: dict[str, list[float]] = defaultdict(list)
         self._micro = (-1, 0)  # (step, micro-batch index within it)
         self._reset_at = -1    # the step whose stage switch last reset the optimizer
@@ -223,9 +210,7 @@ class CodiTrainer(LengthGroupedTrainer):
     def save_final(self, folder: str | Path) -> None:
         """A codi model folder of the model as it is now (the final model; the core of a checkpoint). Under LoRA:
         the merged base + projector (what load_codi_model and evaluate read), the adapter in `adapter/`."""
-        merged = None
-        if self.lora is not None:
-            merged = self.lora.merged(self.lora.save_adapter(Path(folder) / ADAPTER_DIR))
+        merged = self.weights.final_lm(folder)
         save_codi_model(self.accelerator.unwrap_model(self.model), self.processing_class, folder,
                         extra={"step": self.state.global_step, "experiment": experiment_name(), "params": self.record},
                         base=merged)
@@ -235,12 +220,11 @@ class CodiTrainer(LengthGroupedTrainer):
             return
         output_dir = output_dir or self.args.output_dir
         core = self.accelerator.unwrap_model(self.model)
-        if self.lora is None:
+        if not self.weights.save_checkpoint(output_dir):
             self.save_final(output_dir)
-        else:  # a LoRA checkpoint: the adapter (not a merged copy of the frozen base), projector, tokenizer
+        else:  # a LoRA checkpoint: the adapter (saved above, not a merged copy of the frozen base), projector, tokenizer
             from safetensors.torch import save_file
 
-            self.lora.save_adapter(output_dir)
             save_file({k: v.detach().contiguous().cpu() for k, v in core.projector.state_dict().items()},
                       os.path.join(output_dir, PROJECTOR_FILE))
             self.processing_class.save_pretrained(output_dir)
@@ -248,7 +232,7 @@ class CodiTrainer(LengthGroupedTrainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        load_codi_weights(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint, self.lora)
+        load_codi_weights(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint, self.weights)
 
     def _load_best_model(self) -> None:
-        load_codi_weights(self.accelerator.unwrap_model(self.model), self.state.best_model_checkpoint, self.lora)
+        load_codi_weights(self.accelerator.unwrap_model(self.model), self.state.best_model_checkpoint, self.weights)

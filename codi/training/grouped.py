@@ -1,7 +1,7 @@
 """The HF Trainer of the training stages, with length-grouped train batches and an optional token-weighted loss.
 
-    LengthGroupedTrainer(model=..., args=..., train_dataset=CacheDataset(...), group_by_length=True, ...)
-    LoraTrainer(model=run.peft, lora=run, ...)   # under LoRA: the final folder is the merged model + adapter/
+    LengthGroupedTrainer(model=weights.trainable, args=..., section=params.sft, weights=weights,
+                         train_dataset=CacheDataset(...), ...)   # section.group_by_length; weights: full or LoRA
 
 A batch with `loss_weights` (codi.data.batching, `computed_weight`) trains on sum(w * CE) / sum(w) over the target
 tokens of the whole optimizer step (every micro-batch, every rank: the weighted analogue of HF's
@@ -27,7 +27,8 @@ from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 
 if TYPE_CHECKING:
-    from codi.modeling.lora import LoraRun
+    from codi.schemas.train import TrainConfig
+    from codi.training.weights import Weights
 
 
 class ResumableLengthGroupedSampler(LengthGroupedSampler):
@@ -78,9 +79,14 @@ class LengthGroupedTrainer(Trainer):
     The cache knows every example's length without touching its token buffers (`CacheDataset.lengths`); HF's
     own group_by_length only knows `datasets.Dataset` columns or items with `input_ids`."""
 
-    def __init__(self, *args: Any, group_by_length: bool, **kwargs: Any):
+    def __init__(self, *args: Any, section: TrainConfig, weights: Weights, record: dict[str, Any] | None = None,
+                 **kwargs: Any):
+        """`section`: the stage's params section (group_by_length; a subclass reads its own options there);
+        `weights`: full or LoRA, what the folders hold (codi.training.weights); `record`: the params the run was
+        trained with (a subclass writes it into its folders)."""
         super().__init__(*args, **kwargs)
-        self.group_by_length = group_by_length
+        self.section, self.weights, self.record = section, weights, record or {}
+        self.group_by_length = section.group_by_length
         self._grouped_sampler: ResumableLengthGroupedSampler | None = None
         self._resume_from: str | None = None
 
@@ -104,8 +110,9 @@ class LengthGroupedTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
     def save_final(self, folder: str | Path) -> None:
-        """The stage's final model folder (codi.training.loop): HF format, as a checkpoint holds it."""
-        self.save_model(str(folder))
+        """The stage's final model folder (codi.training.loop): HF format, as a checkpoint holds it (under LoRA the
+        merged model, with the adapter in adapter/)."""
+        self.weights.write_hf_folder(self, folder)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         weights = inputs.pop("loss_weights", None)
@@ -154,15 +161,3 @@ class LengthGroupedTrainer(Trainer):
                               "uninterrupted run's")
         self._grouped_sampler = sampler
         return sampler
-
-
-class LoraTrainer(LengthGroupedTrainer):
-    """The sft stages' Trainer under LoRA: the Trainer's own checkpoints of a peft model (adapter files, resumed
-    with its `load_adapter`), and a final folder that is the merged model plus `adapter/` (LoraRun.save)."""
-
-    def __init__(self, *args: Any, lora: LoraRun, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.lora = lora
-
-    def save_final(self, folder: str | Path) -> None:
-        self.lora.save(folder, self.processing_class)

@@ -1,11 +1,14 @@
 """The shared body of a training stage: arguments, resume, tracking, train, and the final model saved atomically.
 
     job = TrainingJob(stage="sft", cfg=params.sft, logged={"sft": to_dict(params.sft)}, trainer_cls=LengthGroupedTrainer,
-                      trainer_kwargs={"model": model, "train_dataset": train, ...}, fingerprint=fp)
+                      model=weights.trainable, weights=weights, data=TrainerData(train, val, collator, tok),
+                      fingerprint=fp)
     done = train(job, StagePaths(out=..., checkpoints=..., live=...), params.wandb)   # TrainingRun
 
-The trainer writes its model folders, checkpoints (`_save`) and the final model (`save_final`) alike; the
-stage gets a TrainingRun, not the trainer.
+Every trainer takes the same arguments: the model, the HF TrainingArguments built here from the stage's section,
+the section itself (`section=`, once), the params the run logs (`record=`), the full-or-LoRA strategy
+(`weights=`, codi.training.weights) and the data. The trainer writes its model folders, checkpoints (`_save`) and
+the final model (`save_final`) alike; the stage gets a TrainingRun, not the trainer.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from codi.schemas.wandb import WandbConfig
 from codi.training.args import training_arguments
 from codi.training.checkpoints import CheckpointDir, checkpoint_root, checkpoint_step
 from codi.training.tracking import LiveMetrics, experiment_name, finish_wandb, setup_wandb
+from codi.training.weights import Weights
 
 
 @dataclass(frozen=True)
@@ -38,15 +42,27 @@ class StagePaths:
     live: Path
 
 
+@dataclass(frozen=True)
+class TrainerData:
+    """The data a trainer trains and validates on, and how it batches and tokenizes."""
+
+    train_dataset: Any
+    eval_dataset: Any | None               # None: no validation split
+    data_collator: Any
+    tokenizer: Any
+
+
 @dataclass
 class TrainingJob:
     """What a stage hands the shared loop."""
 
     stage: str
-    cfg: TrainConfig
-    logged: dict[str, Any]                 # the params the stage read: the wandb run's config
-    trainer_cls: type                      # a Trainer with save_final(folder): the stage's model folder
-    trainer_kwargs: dict[str, Any]         # model, datasets, collator, tokenizer, and the trainer's own options
+    cfg: TrainConfig                       # the stage's section: the trainer's `section`
+    logged: dict[str, Any]                 # the params the stage read: the wandb run's config, the trainer's `record`
+    trainer_cls: type                      # LengthGroupedTrainer or a subclass (CodiTrainer)
+    model: Any                             # what the trainer trains
+    weights: Weights                       # full or LoRA: what the folders hold (codi.training.weights)
+    data: TrainerData
     fingerprint: dict[str, Any]            # what decides the result (codi.training.checkpoints.run_fingerprint)
     args_extra: dict[str, Any] = field(default_factory=dict)
 
@@ -86,7 +102,7 @@ def training_splits(cache: Path) -> tuple[CacheDataset, CacheDataset]:
 
 
 def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> TrainingRun:
-    has_eval = bool(job.trainer_kwargs.get("eval_dataset"))
+    has_eval = bool(job.data.eval_dataset)
     ck_root = checkpoint_root(paths.checkpoints, job.stage, job.fingerprint)
     in_temp_copy = ck_root != Path(paths.checkpoints)
     # TrainingArguments first: it sets up the distributed state everything below relies on.
@@ -103,7 +119,10 @@ def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> Traini
     args.report_to = setup_wandb(wandb_cfg, job.stage, job.logged, is_main)
     session = SessionStart()
     callbacks = [session] + ([LiveMetrics(paths.live, checkpoint_step(resume) if resume else None)] if is_main else [])
-    trainer = job.trainer_cls(args=args, callbacks=callbacks, **job.trainer_kwargs)
+    data = job.data
+    trainer = job.trainer_cls(model=job.model, args=args, section=job.cfg, record=job.logged, weights=job.weights,
+                              train_dataset=data.train_dataset, eval_dataset=data.eval_dataset,
+                              data_collator=data.data_collator, processing_class=data.tokenizer, callbacks=callbacks)
     t0 = time.time()
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.time() - t0

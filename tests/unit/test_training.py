@@ -80,6 +80,7 @@ def test_the_weighted_loss_weights_computed_tokens_and_validation_stays_plain_ce
     from transformers import TrainingArguments
 
     from codi.training.grouped import LengthGroupedTrainer
+    from codi.training.weights import FullWeights
     from tests.codi_oracle import TOKEN_IDS as ids
 
     ex = {"prompt_ids": [12, 13], "trace_ids": [ids.call_sep, 20, 31, ids.action_sep, 14, ids.frame_sep,
@@ -89,7 +90,8 @@ def test_the_weighted_loss_weights_computed_tokens_and_validation_stays_plain_ce
     weighted = CausalLMCollator(pad_id=0, computed_weight=3.0, ids=ids)([ex])
     assert weighted["loss_weights"][0].tolist().count(3.0) == 1  # the one computed token: 32
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
-    trainer = LengthGroupedTrainer(model=model, args=args, group_by_length=False)
+    trainer = LengthGroupedTrainer(model=model, args=args, section=shipped("sft", group_by_length=False),
+                                   weights=FullWeights(model))
     with torch.no_grad():
         logp = model(input_ids=plain["input_ids"]).logits.log_softmax(-1)[0]
         seq = ex["prompt_ids"] + ex["trace_ids"]
