@@ -26,6 +26,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the project is not installed on a GPU host: run from its tree
+
+from codi.schemas.modes import MODES  # noqa: E402
+
 TARGETS = {"explicit": 0.90, "retention": 0.9, "compression": 1.5}
 BUDGET_S = 360.0  # issue 23: the whole pipeline in <= 6 minutes on one H200-class GPU
 
@@ -45,7 +49,7 @@ def stage_commands(dvc_yaml: Path, params: Path) -> list[tuple[str, list[str]]]:
 def synthetic_split(by_split: dict, split: str) -> dict:
     s = by_split.get(split, {}).get("synthetic") or {}
     out = {}
-    for mode in ("explicit", "latent", "direct"):
+    for mode in MODES:
         if isinstance(s.get(mode), dict):
             m = s[mode]
             out[mode] = {k: m.get(k) for k in ("output_accuracy", "output_accuracy_lo", "output_accuracy_hi", "n")}

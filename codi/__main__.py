@@ -1,4 +1,6 @@
-"""The one entry point: `python -m codi <command>` (also the `codi` console script).
+"""The library's command line: `python -m codi <command>` (also the `codi` console script); every DVC stage
+runs through it. The research tools (`python -m experiments.<tool>`) and the Prefect flows (`python -m pipelines`)
+have command lines of their own.
 
     python -m codi extract | precompute | sft | sft_direct | codi | evaluate     # the DVC stages
     python -m codi trace --source mbpp --path data/raw/mbpp.jsonl --out /tmp/mbpp.parquet

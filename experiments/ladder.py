@@ -176,7 +176,7 @@ def markdown_table(rows: list[dict[str, Any]], split: str = "test") -> str:
     """The ladder table on `split`: per experiment the three modes' synthetic accuracy with 95% intervals,
     retention and compression, the task's size (LINE frames, computed values, tokens per example), and the
     params diff beyond the task (the rung's own knobs, `extract.synthetic.*`, are named by the rung)."""
-    head = ["experiment", "rung", "explicit", "latent", "direct", "retention", "compression", "line frames/call",
+    head = ["experiment", "rung", *MODES, "retention", "compression", "line frames/call",
             "computed values/call", "tokens/ex", "sft s", "other params diff"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:

@@ -1,12 +1,12 @@
 """The per-example oracle of the codi model, and tiny fixtures to test and benchmark it.
 
 `oracle_forward(model, examples, ss_prob, ss_rng)` computes what the reference design computes
-(docs/ARCHITECTURE.md, "The reference design"), one example at a time and one model call per segment, on
+(docs/design/codi-model.md, "The reference design"), one example at a time and one model call per segment, on
 the weights of a `codi.modeling.CodiModel`. It is deliberately plain: the reference's loop, the
 transformers 5 API (`cache=`), nothing of the batched code under test but the weights. One documented
 extension: kd_target="logit" with the shared-weight teacher targets lm_head(teacher last hidden), detached.
 Scheduled sampling: one uniform per post-latent segment, examples then segments in order, from `ss_rng`.
-The options beyond the reference, as specified (docs/ARCHITECTURE.md, "CodiModel"): latent_share (the first
+The options beyond the reference, as specified (docs/design/codi-model.md, "CodiModel"): latent_share (the first
 round(share * n) LINE frames latent), kd_positions action_line (KD at the separator and its line's tokens),
 kd_norm teacher_std (each layer's term / the std of the batch's teacher anchors), and the reconstruction loss
 (a decoder reads a frame's latents + <|line_sep|> and writes its locals + <|action_sep|>). KD and

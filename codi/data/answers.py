@@ -7,7 +7,7 @@
 
 The rule: two reprs that both parse as Python literals are equal iff their values are, type-strictly;
 otherwise they compare as exact text (exception reprs, objects, reprs cut with REPR_CUT).
-Details: docs/ARCHITECTURE.md, "Answers".
+Details: docs/design/data.md, "Answers".
 """
 
 from __future__ import annotations

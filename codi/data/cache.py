@@ -6,7 +6,7 @@
     ds[0] -> {"prompt_ids": [...], "trace_ids": [...], "spans": [(i, j), ...], "answer_ids": [...], ...}
 
 One uncompressed Arrow IPC file per split: opening it memory-maps the file and reads nothing.
-Format and why: docs/ARCHITECTURE.md, "The cache".
+Format and why: docs/design/data.md, "The cache".
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
     by_split = encode_rows(rows, tokenizer, params.precompute, dropped)   # {split: [cache rows]}
     manifest = cache_manifest(by_split, shas, tokenizer, params.precompute, params.model, dropped)
 
-Pure functions of their inputs (the precompute stage does the reading and writing).
+usable_traces reads the traces files it is given (parquet); every function counts what it drops, per source
+and reason, in the `dropped` mapping it is handed. The precompute stage writes the cache.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 Spans come from the tokenizer's character offsets (not from searching token ids), and every span is
 verified: decoding `trace_ids[i+1:j]` must give back exactly that frame's LOCALS text, else `SpanError`
 names the sample. `trace_ids` end with the tokenizer's eos.
-Design: docs/ARCHITECTURE.md, "Tokenization and spans".
+Design: docs/design/data.md, "Tokenization and spans".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 
 Batched, with results equal to one-at-a-time decoding; `action_lines` (program_action_lines) constrains
 each action to a line of the program. Latents come from codi.modeling's `latent_input`, fed one position
-at a time because rows advance independently. Design: docs/ARCHITECTURE.md, "Decoding".
+at a time because rows advance independently. Design: docs/design/decoding.md, "Decoding".
 """
 
 from __future__ import annotations
@@ -387,7 +387,7 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
     """Decode one batch of prompts (token id lists) greedily; results in prompt order.
 
     `action_lines`: per prompt, its program's lines as token ids (`program_action_lines`): actions
-    are decoded constrained to them (explicit, latent; docs/ARCHITECTURE.md, "Decoding"). None = unconstrained.
+    are decoded constrained to them (explicit, latent; docs/design/decoding.md, "Decoding"). None = unconstrained.
     `forced_actions`: per prompt, the true trace's LINE of every frame as token ids: frame k's action is
     teacher-forced to the k-th (a diagnostic that separates lost state from a wrong line); frames past
     the truth's fall back to `action_lines`.

@@ -6,7 +6,7 @@ starts N worker processes itself (gloo DDP through the env:// rendezvous) and wa
 Nothing is relaunched under a launcher (WORLD_SIZE set: torchrun, accelerate), for 1 process, or on a GPU
 machine. The stage exits with the first failing worker's status, shell-style (an OOM kill is 137, which
 the Prefect flow retries), and no worker outlives the launcher (PR_SET_PDEATHSIG).
-Why not torchrun: docs/ARCHITECTURE.md, "Training".
+Why not torchrun: docs/design/training.md, "Training".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CODI model (stage 2b): the reference design, batched, plus save/load (docs/ARCHITECTURE.md, "CodiModel").
+"""The CODI model (stage 2b): the reference design, batched, plus save/load (docs/design/codi-model.md, "CodiModel").
 
     from codi.modeling import CodiModel, ss_ramp, save_codi_model, load_codi_model
     model = CodiModel(base, token_ids(tok), params.codi.options, params.loss_weights)

@@ -8,7 +8,7 @@
 `tiny` is the embedded default: a from-scratch Qwen2-style decoder and a byte-level BPE trained on the
 training split's text, digits split one by one. Anything else is a local HF folder or a hub id, loaded
 with `from_pretrained` and its own tokenizer.json, trace tokens added, each new token's embedding row (and
-untied head row) the mean of the old ones. Design: docs/ARCHITECTURE.md, "Tokenization and spans".
+untied head row) the mean of the old ones. Design: docs/design/data.md, "Tokenization and spans".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 
 CodiModel runs latent_recurrence; codi.evaluation.decoding feeds latent_input one position at a time. A padded row
 computes exactly what it would alone (2-D mask + explicit position_ids; no fully masked attention row).
-Design: docs/ARCHITECTURE.md, "CodiModel" (PaddedRows, compaction) and "Decoding".
+Design: docs/design/codi-model.md, "CodiModel" (PaddedRows, compaction) and "Decoding".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 
 One teacher pass, then the student in rounds on PaddedRows: 2 + F * max(1, latent_steps) model calls per
 batch (F = most latent LINE frames of an example), whatever its size; one more for the reconstruction.
-Equal to the per-example oracle (tests/unit/test_modeling_equivalence.py). Design: docs/ARCHITECTURE.md, "CodiModel".
+Equal to the per-example oracle (tests/unit/test_modeling_equivalence.py). Design: docs/design/codi-model.md, "CodiModel".
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def activation_checkpointing(module: nn.Module, enabled: bool) -> Iterator[None]
 
 
 class CodiModel(nn.Module):
-    """Shared-weight (or frozen) teacher + latent student over one base causal LM (docs/ARCHITECTURE.md, "CodiModel")."""
+    """Shared-weight (or frozen) teacher + latent student over one base causal LM (docs/design/codi-model.md, "CodiModel")."""
 
     def __init__(self, base: nn.Module, token_ids: TraceTokenIds, options: CodiOptions, weights: LossWeights, *,
                  frozen_teacher: nn.Module | None = None, teacher_checkpointing: bool = True):

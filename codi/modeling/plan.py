@@ -8,7 +8,7 @@
 The first n = latent_frames(len(spans), share) spans (i_1, j_1)..(i_n, j_n) are latent; later LINE frames
 stay text. Over prompt P and trace T they give n + 1 rounds (LS/LE = latent_start/end), with latents after
 each LS: round 0 = P + T[:i_1+1] + [LS]; round k = [LE] + T[j_k:i_{k+1}+1] + [LS]; round n = [LE] + T[j_n:]
-(n = 0: one round, P + T). Targets, anchors: docs/ARCHITECTURE.md, "CodiModel" (student rounds).
+(n = 0: one round, P + T). Targets, anchors: docs/design/codi-model.md, "CodiModel" (student rounds).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _int_list(ex: Mapping[str, Any], key: str, where: str) -> tuple[int, ...]:
 
 
 def check_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """Validate the codi contract (docs/ARCHITECTURE.md, "Spans"); returns (prompt, trace, spans)."""
+    """Validate the codi contract (docs/design/trace-format.md, "Spans"); returns (prompt, trace, spans)."""
     where = f"examples[{index}]"
     if not isinstance(ex, Mapping):
         raise ValueError(f"{where}: expected a dict with prompt_ids, trace_ids, spans; got {type(ex).__name__}")

@@ -58,7 +58,8 @@ class SandboxConfig:
 
     wall_timeout_s: float = option("wall-clock limit per sample; the whole process group is killed", gt=0)
     cpu_time_s: int = option("RLIMIT_CPU per sample", ge=1)
-    memory_mb: int = option("RLIMIT_AS per sample", ge=64)
+    memory_mb: int = option("MB a sample may use: RLIMIT_AS headroom above the worker's own footprint, and (as "
+                            "root, with a cgroup) the memory cgroup of all its processes", ge=64)
     max_file_mb: int = option("RLIMIT_FSIZE per sample (files written in its private temp dir)", ge=1)
     max_processes: int = option("RLIMIT_NPROC for the sample's (unprivileged, per-worker) uid", ge=1)
     max_output_bytes: int = option("stdout/stderr bytes kept per sample; the rest is discarded", ge=0)

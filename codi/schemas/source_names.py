@@ -5,7 +5,7 @@ check `extract.sources` and `precompute.holdout_sources` against it and depend o
     source_names()          # ('cruxeval', 'humaneval', 'mbpp', 'pyx', 'synthetic')
 
 A module of codi/sources/ is a source when it sets `NAME = "<its own module name>"`; codi.sources.registry
-imports it by that name (docs/ARCHITECTURE.md, "Adding a source"). The helpers (base, asserts, registry,
+imports it by that name (docs/design/sources.md, "Adding a source"). The helpers (base, asserts, registry,
 synthetic_templates) set no NAME.
 """
 

@@ -7,7 +7,7 @@
 Program = `prompt + canonical_solution`; one sample per assert of `test`'s `check(candidate)` in source
 order (`humaneval/<n>/<k>`), `candidate` renamed to the entry point. An assert inside a loop, `if`, `with`
 or `try` is skipped; the imports and assignments an assert uses go into the sample's `setup`.
-Details: docs/ARCHITECTURE.md, "Sources".
+Details: docs/design/sources.md, "Sources".
 """
 
 from __future__ import annotations

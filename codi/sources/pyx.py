@@ -6,7 +6,7 @@
 A record is `{"nl", "fwd_mnl", "bwd_mnl", "response"}` with exactly one of the first three non-empty:
 `fwd_mnl` (output prediction) takes the call from the task and the expected value from the answer,
 `bwd_mnl` (input deduction) the call from the answer and the expected value from the task; `nl` (code
-generation) is skipped. Ids hash the normalised program. Formats: docs/ARCHITECTURE.md, "Sources".
+generation) is skipped. Ids hash the normalised program. Formats: docs/design/sources.md, "Sources".
 """
 
 from __future__ import annotations

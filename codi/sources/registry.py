@@ -6,7 +6,7 @@
     load.samples, load.skipped, load.unchecked
 
 A source is a module of codi.sources found by its name (codi.schemas.source_names), never listed here. What
-a source module defines (docs/ARCHITECTURE.md, "Adding a source"):
+a source module defines (docs/design/sources.md, "Adding a source"):
 - a generated source: `NAME` and `generate(cfg)`, cfg being the section `extract.<NAME>`;
 - a file source: `NAME`, `FIELDS` (field -> (types, required), checked here) and `harvest(record) -> Harvest`
   (or `harvester()` returning one per file), optionally `check_record(record)` and `default_path()`; it reads

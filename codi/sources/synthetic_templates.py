@@ -5,7 +5,7 @@ drawer per parameter. Each is a family, not a text: names, constants, operators,
 and optional statements are drawn. Each line does one small thing to the locals, so a trace is a chain of
 local, learnable steps. `SyntheticConfig.operators` governs every drawn operation (`Gen.arith`, the parity
 tests of `Gen.cond`, `Gen.pick`), not a template's fixed structure (a loop counter's `+ 1`).
-Values and levels: docs/ARCHITECTURE.md, "Sources".
+Values and levels: docs/design/sources.md, "Sources".
 """
 
 from __future__ import annotations

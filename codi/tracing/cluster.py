@@ -15,7 +15,7 @@ shard, then the stage stops with an error naming the shard), and a shard's resul
 With `extract.dask.address: ""` the stage starts a LocalCluster on 127.0.0.1 and stops it at the end.
 A real cluster: one `dask worker tcp://<scheduler>:8786 --nthreads 1` per machine; its pool then has
 `extract.workers` sandbox processes (0 = that machine's cores). Why the stage holds its own client
-rather than Prefect's DaskTaskRunner: docs/ARCHITECTURE.md, "Scale-out".
+rather than Prefect's DaskTaskRunner: docs/design/scale-out.md, "Scale-out".
 """
 
 from __future__ import annotations

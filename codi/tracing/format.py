@@ -1,4 +1,4 @@
-"""The trace text format: frames <-> text, both ways (grammar: docs/ARCHITECTURE.md, "The trace format").
+"""The trace text format: frames <-> text, both ways (grammar: docs/design/trace-format.md, "The trace format").
 
     prompt = render_prompt(program, "f(1, 3)")   # <|trace_context_start|>, program, "# call: f(1, 3)", <|frame_sep|>
     text = render_trace(frames)                  # frames -> text (no EOS)

@@ -7,7 +7,7 @@ and the imports that must happen before a child loses the right to read the inte
     limits.apply_rlimits(limits.rlimits(sandbox_cfg, base_vm))
     limits.drop_to_uid(60123)                 # or limits.drop_capabilities() in a user namespace
 
-Used by codi.tracing.worker; nothing here runs untrusted code. Design: docs/ARCHITECTURE.md, "The sandbox".
+Used by codi.tracing.worker; nothing here runs untrusted code. Design: docs/design/sandbox.md, "The sandbox".
 """
 
 from __future__ import annotations

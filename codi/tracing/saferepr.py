@@ -6,7 +6,7 @@
 For the builtin types it walks, the result is `repr(x)` when that has at most `limit` characters, else
 its first `limit - len(REPR_CUT)` characters followed by REPR_CUT, at O(limit) cost. Anything else uses
 its own `__repr__`, guarded (`<repr error: ValueError>`), with addresses normalised to `0x?`.
-The types and the guards: docs/ARCHITECTURE.md, "saferepr".
+The types and the guards: docs/design/sandbox.md, "saferepr".
 """
 
 from __future__ import annotations

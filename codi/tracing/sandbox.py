@@ -7,7 +7,7 @@
             text = render_trace(list(result.frames))
 
 Isolation: `namespaces` (root), `userns` (unprivileged user namespaces) or `process`, the first that works;
-STATUSES says what each result status means. Modes, limits, faults: docs/ARCHITECTURE.md, "The sandbox".
+STATUSES says what each result status means. Modes, limits, faults: docs/design/sandbox.md, "The sandbox".
 """
 
 from __future__ import annotations

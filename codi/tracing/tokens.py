@@ -1,4 +1,4 @@
-"""The trace vocabulary: the special tokens of the trace grammar (docs/ARCHITECTURE.md, "The trace format").
+"""The trace vocabulary: the special tokens of the trace grammar (docs/design/trace-format.md, "The trace format").
 
 This module is the only place that names them. Ids are always looked up in a tokenizer
 (`token_ids(tok)`), never hard-coded, so any HF tokenizer can carry them.

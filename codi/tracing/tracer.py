@@ -6,7 +6,7 @@
 Only code compiled from the program ("<program>") is traced: call, line (locals before the line runs),
 exception (raised, propagated, or thrown in: caught or not) and return events, up to the entry call's exit. Every way the trace could silently lose
 events (sys.settrace, f_trace cleared, a RecursionError, a thread or process, os._exit) makes it
-`incomplete` with a reason. Events, guards, stream format: docs/ARCHITECTURE.md, "The guarded tracer".
+`incomplete` with a reason. Events, guards, stream format: docs/design/sandbox.md, "The guarded tracer".
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ RETURN_OPS = frozenset(opcode.opmap[n] for n in ("RETURN_VALUE", "RETURN_CONST",
 CO_NEWLOCALS = 0x0002
 CO_NOT_PLAIN = 0x0020 | 0x0080 | 0x0100 | 0x0200  # generator, coroutine, iterable coroutine, async gen
 BATCH_CHARS = 1 << 15
-# audit event -> flag; the flags make the result `incomplete` (docs/ARCHITECTURE.md, "The guarded tracer")
+# audit event -> flag; the flags make the result `incomplete` (docs/design/sandbox.md, "The guarded tracer")
 _WATCHED = {
     "sys.settrace": "settrace", "_thread.start_new_thread": "thread",
     "os.fork": "process", "os.forkpty": "process", "os.posix_spawn": "process", "os.spawn": "process",
@@ -122,7 +122,7 @@ def end_record(status: str, reason: str) -> str:
 
 
 class Tracer:
-    """The trace functions and their state; the events: docs/ARCHITECTURE.md, "The guarded tracer"."""
+    """The trace functions and their state; the events: docs/design/sandbox.md, "The guarded tracer"."""
 
     def __init__(self, sink: Sink, max_frames: int, limit: int, def_lines: dict[int, int],
                  on_truncate) -> None:

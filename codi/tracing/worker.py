@@ -6,7 +6,7 @@ Protocol on stdin/stdout: 8-digit hex length + UTF-8 JSON messages; `init` -> `r
 sample answered by its result; EOF ends the worker, `--once` ends it after one sample. Per sample it forks
 a child that sets up its sandbox and runs codi.tracing.tracer.run_sample, reads its pipes under the wall
 timeout, kills what the sample left, parses the stream, applies the ".." diff and classifies the run.
-Design: docs/ARCHITECTURE.md, "The sandbox".
+Design: docs/design/sandbox.md, "The sandbox".
 """
 
 from __future__ import annotations

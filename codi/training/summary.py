@@ -1,4 +1,5 @@
-"""A training stage's end-of-stage report: metrics (pure functions of the Trainer's log history) and a loss PNG.
+"""A training stage's end-of-stage report: metrics from the Trainer's log history, a loss PNG, and for codi with a
+reconstruction decoder `recon_probe`, which runs the trained model on val examples.
 
     summary = sft_summary(run.history, steps=..., examples=..., seconds=..., tokens=..., unigram=...)
     codi_summary(run.history, ...); save_loss_png(run.history, ("loss", "eval_loss"), "plots/sft/loss.png", "sft")

@@ -133,7 +133,7 @@ def harvest(rec):
 
 
 def test_a_new_source_is_one_module_plus_its_params_entries(tmp_path, monkeypatch):
-    """Adding a source (docs/ARCHITECTURE.md, "Adding a source"): a module in codi/sources/ (here a second
+    """Adding a source (docs/design/sources.md, "Adding a source"): a module in codi/sources/ (here a second
     folder of the package) and its params.yaml entries; nothing else lists it, and the data/raw/ check covers it."""
     plugins = tmp_path / "plugins"
     plugins.mkdir()

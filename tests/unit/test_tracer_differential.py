@@ -73,7 +73,7 @@ def frames_of(both, name: str):
 
 
 def test_a_caught_exception_is_shown_before_its_handler(both) -> None:
-    """The documented choice (docs/ARCHITECTURE.md, "The trace format"): an exception frame at the raising line, then the
+    """The documented choice (docs/design/trace-format.md, "The trace format"): an exception frame at the raising line, then the
     handler's lines; the frame goes on (no return frame, no change of depth)."""
     frames = frames_of(both, "caught_bare_except")
     kinds = [(f.kind, f.source_line.strip()) for f in frames]
