@@ -29,7 +29,7 @@ from codi.data.cache import CacheDataset, write_split
 from codi.data.cache_build import cache_manifest, encode_rows, usable_traces
 from codi.data.traces import trace_samples, write_traces
 from codi.evaluation.core import evaluate, load_examples
-from codi.evaluation.report import write_reports
+from codi.evaluation.writer import write_reports
 from codi.infra.config import UserError, load_params
 from codi.infra.files import write_json
 from codi.schemas.modes import MODES

@@ -1,12 +1,9 @@
 """The evaluation's reports, pure functions of the scored rows and their summaries (codi.evaluation.metrics.summarize).
 
-    from codi.evaluation.report import write_reports
-    write_reports(evaluation, cfg, Path("metrics"), Path("data/predictions.parquet"), Path("plots/eval"))
-    write_plots(overall, per_source, Path("plots/eval"))     # one of its parts
+    from codi.evaluation.report import compact, markdown_report, write_plots, write_predictions
+    write_plots(overall, per_source, Path("plots/eval"))
 
-write_reports writes every report of one evaluation (codi.evaluation.core.Evaluation): eval.json (compact
-overall, the latent diagnostics, ablation, probe and diagnosis), eval_by_source.json, eval_by_difficulty.json,
-eval_by_split.json, eval.md, the predictions parquet and the plots.
+codi.evaluation.writer.write_reports puts them together for one evaluation.
 
 write_plots writes, for `dvc plots` (drawn by the templates in .dvc/plots/, named in dvc.yaml) and as PNGs:
 accuracy.csv (mode, accuracy, n: one row per mode, all examples), accuracy_by_source.csv (source, mode,
@@ -22,13 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from codi.infra.files import atomic_path, write_json, write_text
+from codi.infra.files import atomic_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-    from codi.evaluation.core import Evaluation
-    from codi.schemas.evaluate import EvaluateConfig
 
 SUMMARY_KEYS = ("n", "output_accuracy", "trace_exact_match", "action_accuracy", "locals_accuracy",
                 "mean_positions", "mean_time_s")
@@ -354,27 +348,3 @@ def write_probe_plot(probe: dict[str, Any] | None, plots: Path, why_none: str = 
     with atomic_path(plots / PROBE_PNG) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-
-
-def write_reports(evaluation: Evaluation, cfg: EvaluateConfig, metrics_dir: Path, predictions: Path, plots: Path
-                  ) -> str:
-    """Every report of `evaluation` (the metrics JSONs and eval.md in `metrics_dir`, the predictions parquet, the
-    plots); returns eval.md's text."""
-    ev = evaluation
-    write_json(metrics_dir / "eval.json", compact(ev.overall)
-               | ({"latent_diagnostics": ev.diagnostics} if ev.diagnostics else {})
-               | ({"latent_ablation": ev.ablation} if ev.ablation else {})
-               | ({"latent_probe": ev.probe} if ev.probe else {})
-               | ({"latent_diagnosis": ev.diagnoses} if ev.diagnoses else {}))
-    write_json(metrics_dir / "eval_by_source.json", {s: compact(v) for s, v in ev.per_source.items()})
-    write_json(metrics_dir / "eval_by_difficulty.json", {d: compact(v) for d, v in ev.by_level.items()})
-    write_json(metrics_dir / "eval_by_split.json", ev.by_split)
-    write_predictions(ev.rows, ev.generated, predictions)
-    write_plots(ev.overall, ev.per_source, plots)
-    write_probe_plot(ev.probe, plots, why_none="" if cfg.probe_train_examples and "latent" in cfg.modes else
-                     "evaluate.probe_train_examples = 0 or no latent mode")
-    report = markdown_report(ev.overall, ev.per_source, ev.splits, ev.by_level, ev.diagnostics, ev.by_split)
-    if ev.probe or ev.ablation:
-        report += "\n".join(probe_markdown(ev.probe, ev.ablation, ev.diagnoses)) + "\n"
-    write_text(metrics_dir / "eval.md", report)
-    return report

@@ -3,7 +3,7 @@
     python -m codi evaluate      # metrics/eval.{json,md}, eval_by_{source,difficulty,split}.json, predictions, plots
 
 The evaluation itself is codi.evaluation.core (no files written): this stage loads the examples, runs it and
-writes the reports (codi.evaluation.report.write_reports). Each mode decodes greedily (codi.evaluation.decoding):
+writes the reports (codi.evaluation.writer.write_reports). Each mode decodes greedily (codi.evaluation.decoding):
 `explicit` = the sft model writes the trace, `latent` = the codi model writes it with a latent block per LINE
 frame (exactly the latent_steps it was trained with), `direct` = the sft_direct baseline writes only the answer.
 Scores: codi.evaluation.metrics. For the latent mode, what the latents carry (codi.evaluation.probe): the
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codi.evaluation.core import evaluate, load_examples
-from codi.evaluation.report import write_reports
+from codi.evaluation.writer import write_reports
 from codi.infra.device import set_threads
 from codi.schemas.evaluate import EvaluateConfig
 
