@@ -1,13 +1,13 @@
 """The committed models on a fresh draw of the same task: was the default chosen on the test split by accident?
 
-    python -m experiments.fresh_seed --seed 1 --programs 2500 --out metrics/fresh_seed  # eval.json, eval.md, fresh_seed.json,
-                                                                                  # predictions.parquet (about 5 min)
+    python -m experiments.fresh_seed --seed 1 --programs 2500 --out metrics/fresh_seed
+        # -> eval.json, eval.md, fresh_seed.json, predictions.parquet (about 5 min)
 
 Draws `--programs` new synthetic programs with the committed `extract.synthetic` params and generator seed
 `--seed`, drops every program whose text is in the committed cache (train, val or test), traces the rest in the
 sandbox (the extract stage's code and limits), encodes them with the committed models' tokenizer, and runs the
-evaluation (codi.evaluation.core) on them as one `test` split. `fresh_seed.json` sets each mode's accuracy on the fresh draw beside
-its committed synthetic-test interval (metrics/eval_by_split.json), with the fresh draw's own interval, and says
+evaluation (codi.evaluation.core) on them as one `test` split. `fresh_seed.json` sets each mode's accuracy on the
+fresh draw beside its committed synthetic-test interval (metrics/eval_by_split.json), with the fresh draw's own interval, and says
 whether it falls inside. Draw many programs: a draw the size of the test split (270) is as noisy as the committed
 one, so each mode's point lands outside the committed interval by chance about one time in six (docs/RESULTS.md:
 270 programs gave direct 22.5% on seed 1, 2500 programs of the same seed 18.0%).

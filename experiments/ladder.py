@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from codi.infra.config import ConfigError, flatten, params_from_dict, read_yaml, set_dotted
+from codi.infra.config import ConfigError, flatten, params_from_dict, read_yaml, set_dotted, yaml_value
 from codi.schemas.modes import MODES
 from experiments.dvc_exp import exp_run_args, experiment_refs, read_at, set_args
 
@@ -82,7 +81,8 @@ def rung_row(name: str, params: dict[str, Any], by_split: dict[str, Any], precom
              ) -> dict[str, Any]:
     """One experiment's ladder row: its params diff against `base_params`, per split (val, test) each mode's
     synthetic accuracy with its interval and the latent-vs-explicit ratios, and the task's size per call; with
-    `evaluation` (metrics/eval.json), per split what the latents carry (codi.evaluation.probe): the constant-latent ablation
+    `evaluation` (metrics/eval.json), per split what the latents carry (codi.evaluation.probe): the constant-latent
+    ablation
     (accuracy with interval, the share of latent's lead over direct it keeps, whether the latents carry the gain)
     and the probe (majority class, linear probe overall / copy / computed). Over all sources of the split."""
     flat, base = flatten(params), flatten(base_params)
@@ -267,7 +267,7 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item!r}: expected key=value")
-        out[key] = yaml.safe_load(value)
+        out[key] = yaml_value(value)  # as DVC reads `-S` values (YAML 1.2: 1e-3 is a float)
     return out
 
 
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "list":
             for rung in load_rungs():
-                print(f"{rung.name}: {rung.doc}\n    {' '.join(set_args(rung.overrides))}")
+                print(f"{rung.name}: {rung.doc}\n    {shlex.join(set_args(rung.overrides))}")
         elif args.command == "queue":
             rungs = {r.name: r for r in load_rungs()}
             unknown = [n for n in args.rungs if n not in rungs]
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = _parse_set(args.set)
             for name in args.rungs or list(rungs):
                 cmd = queue_command(rungs[name], extra, args.prefix)
-                print(" ".join(cmd))
+                print(shlex.join(cmd))  # a shell can run it as printed (flow-style values hold spaces)
                 if not args.dry_run:
                     subprocess.run(cmd, cwd=ROOT, check=True)
         elif args.command == "collect":

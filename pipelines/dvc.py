@@ -234,8 +234,8 @@ def run_experiment(repo: str | Path, overrides: Mapping[str, Any], name: str, on
                    timeout_s: float | None = None) -> RunResult:
     """`dvc exp run --temp -n NAME -S k=v ...`: one experiment, run now in a temporary copy of the repo (the
     workspace is untouched; uncommitted edits are included). Raises StageFailed."""
-    result = run_streaming(dvc_command(*exp_run_args(overrides, name, temp=True)), repo, on_line, timeout_s, env=subprocess_env(),
-                           what=f"experiment '{name}'")
+    result = run_streaming(dvc_command(*exp_run_args(overrides, name, temp=True)), repo, on_line, timeout_s,
+                           env=subprocess_env(), what=f"experiment '{name}'")
     check(result, name, kind="experiment")
     return result
 

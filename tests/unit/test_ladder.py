@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -153,3 +154,18 @@ def test_rung_row_carries_the_ablation_and_probe_and_the_table_shows_them():
     assert "val" not in row or "constant_latents" not in row["val"]
     table = carried_table([row], "test")
     assert "| r4-x | 37.5% [0.0, 75.0] | 12.0% [10.0, 14.0] | 10.0% | 0.05 [-0.10, 0.20] | yes | 50.0% (60.0% / 40.0%) | 15.0% | 40.0% | - |" in table
+
+
+def test_queue_set_values_read_as_dvc_reads_them(capsys):
+    """`--set codi.lr=1e-3` is the float DVC would read (YAML 1.2), not the string PyYAML's 1.1 rules give, so the
+    queued `-S` reads back as a float and passes the schema."""
+    from codi.infra.config import yaml_value
+    from experiments.ladder import main
+
+    rung = load_rungs()[0].name
+    assert main(["queue", rung, "--set", "codi.lr=1e-3", "--set", "extract.synthetic.operators=[max, min]",
+                 "--dry-run"]) == 0
+    words = shlex.split(capsys.readouterr().out)  # printed as a shell runs it
+    sets = dict(w.split("=", 1) for w in words if w.startswith(("codi.lr=", "extract.synthetic.operators=")))
+    assert yaml_value(sets["codi.lr"]) == 0.001
+    assert yaml_value(sets["extract.synthetic.operators"]) == ["max", "min"]
