@@ -5,6 +5,7 @@ have command lines of their own.
     python -m codi extract | precompute | sft | sft_direct | codi | evaluate     # the DVC stages
     python -m codi trace --source mbpp --path data/raw/mbpp.jsonl --out /tmp/mbpp.parquet
     python -m codi params                                                     # every key, its value and doc
+    python -m codi kernels                    # the CPU kernels torch runs here (kernels.cpu), and their ops md5
 
 Arguments are paths only: every hyperparameter comes from params.yaml, so `dvc exp run -S` is the one override.
 The whole file is checked before any work; a stage then gets the sections its `run` declares (its params
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from codi.infra.config import UserError, describe, get_dotted, load_params, sections, to_dict
+from codi.infra.kernels import pin_cpu_kernels
 
 # No command reaches the network unless asked to; a user's own setting wins.
 OFFLINE_ENV = {"DVC_NO_ANALYTICS": "1", "DVC_STUDIO_OFFLINE": "true", "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -51,6 +53,7 @@ COMMANDS: dict[str, Command] = {
     "extract": Command("codi.stages.extract:run", "trace every configured source in the sandbox",
                        {"--out": "data/traces", "--metrics": "metrics/extract.json"}),
     "trace": Command("codi.stages.extract:trace_file", "trace one dataset file with the extract stage's code and limits"),
+    "kernels": Command("codi.stages.kernels_check:run", "the CPU kernels torch computes with here, against the reference"),
     "precompute": Command("codi.stages.precompute:run", "tokenizer + base model, spans, split caches",
                           {"--traces": "data/traces", "--cache": "data/cache", "--base-out": "models/base",
                            "--metrics": "metrics/precompute.json"}),
@@ -100,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             for key, tp, doc in describe(type(params)):
                 print(f"{key} = {get_dotted(values, key)!r}  ({tp}) {doc}")
             return 0
+        # Before the stage module (and so torch) is imported: the libraries read the pins once, at their first
+        # op, and every process this one starts (CPU data-parallel workers) inherits them.
+        pin_cpu_kernels(params.kernels.cpu)
         cmd = COMMANDS[args.command]
         module, _, function = cmd.target.partition(":")
         run = getattr(importlib.import_module(module), function)

@@ -13,6 +13,12 @@ os.environ["WANDB_MODE"] = os.environ.get("CODI_TEST_WANDB_MODE", "disabled")
 os.environ["WANDB_SILENT"] = "true"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The committed default's CPU kernels (params.yaml kernels.cpu: avx2), before anything imports torch: stages run
+# in-process here check that torch computes with the kernels their params pin (codi.infra.kernels).
+from codi.infra.kernels import CPU_KERNEL_PINS  # noqa: E402  (stdlib and yaml only: no torch)
+
+for _var, _value in CPU_KERNEL_PINS["avx2"].items():
+    os.environ.setdefault(_var, _value)
 
 import pytest  # noqa: E402
 

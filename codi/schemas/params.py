@@ -16,6 +16,7 @@ from codi.infra.config import option
 from codi.schemas.codi import CodiConfig, TopLevelWeights
 from codi.schemas.evaluate import EvaluateConfig
 from codi.schemas.extract import ExtractConfig
+from codi.schemas.kernels import KernelsConfig
 from codi.schemas.model import ModelConfig
 from codi.schemas.pipeline import PipelineConfig
 from codi.schemas.precompute import PrecomputeConfig
@@ -25,7 +26,7 @@ from codi.schemas.wandb import WandbConfig
 
 @dataclass(frozen=True)
 class Params(TopLevelWeights):
-    """The whole params.yaml: alpha, beta, gamma, then a section per stage, wandb and pipeline."""
+    """The whole params.yaml: alpha, beta, gamma, then a section per stage, kernels, wandb and pipeline."""
 
     extract: ExtractConfig = option("stage extract")
     precompute: PrecomputeConfig = option("stage precompute")
@@ -34,5 +35,6 @@ class Params(TopLevelWeights):
     sft_direct: TrainConfig = option("stage sft_direct")
     codi: CodiConfig = option("stage codi")
     evaluate: EvaluateConfig = option("stage evaluate")
+    kernels: KernelsConfig = option("which CPU kernels torch computes with (every stage that runs torch)")
     wandb: WandbConfig = option("wandb logging")
     pipeline: PipelineConfig = option("the Prefect deployment")

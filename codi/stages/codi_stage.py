@@ -16,7 +16,9 @@ from codi.infra.config import ConfigError, to_dict
 from codi.infra.device import resolve_precision
 from codi.infra.hf import load_causal_lm
 from codi.modeling.model import CodiModel
+from codi.infra.kernels import kernels_in_effect
 from codi.schemas.codi import CodiConfig, TopLevelWeights
+from codi.schemas.kernels import KernelsConfig
 from codi.schemas.wandb import WandbConfig
 from codi.tracing.tokens import token_ids
 from codi.training.checkpoints import run_fingerprint
@@ -29,16 +31,17 @@ from codi.training.weights import load_weights
 
 @dataclass(frozen=True)
 class CodiParams(TopLevelWeights):
-    """What this stage reads from params.yaml: alpha, beta, gamma, `codi` and `wandb`."""
+    """What this stage reads from params.yaml: alpha, beta, gamma, `codi`, `kernels` and `wandb`."""
 
     codi: CodiConfig
+    kernels: KernelsConfig
     wandb: WandbConfig
 
 
 def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path, metrics: Path, plots: Path,
         live: Path, argv: list[str]) -> int:
     cfg = params.codi
-    start = begin("codi", cfg, sft, cache, argv, missing="run the sft stage first")
+    start = begin("codi", cfg, params.kernels, sft, cache, argv, missing="run the sft stage first")
     if isinstance(start, int):
         return start
     import torch
@@ -70,7 +73,8 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
         data=TrainerData(train_ds, val_ds if len(val_ds) else None, collate_examples, tok),
         fingerprint=run_fingerprint("codi", __name__, to_dict(cfg), cache / "manifest.json",
                                     {"start_model": sft, "frozen_teacher": teacher_path},
-                                    weights=[params.alpha, params.beta, params.gamma]),
+                                    weights=[params.alpha, params.beta, params.gamma],
+                                    kernels=kernels_in_effect(params.kernels.cpu)),
         # The teacher's activation checkpointing is CodiModel's own; the Trainer's flag would call
         # gradient_checkpointing_enable on a module that is not a PreTrainedModel.
         # DDP must expect parameters without a gradient when there are steps without latents: latent_steps 0

@@ -19,7 +19,9 @@ from pathlib import Path
 from codi.evaluation.core import evaluate, load_examples
 from codi.evaluation.writer import write_reports
 from codi.infra.device import set_threads
+from codi.infra.kernels import check_cpu_kernels, describe_kernels
 from codi.schemas.evaluate import EvaluateConfig
+from codi.schemas.kernels import KernelsConfig
 
 
 @dataclass(frozen=True)
@@ -27,11 +29,14 @@ class EvaluateParams:
     """What this stage reads from params.yaml (the codi model's options come from its folder)."""
 
     evaluate: EvaluateConfig
+    kernels: KernelsConfig
 
 
 def run(params: EvaluateParams, cache: Path, sft: Path, codi: Path, direct: Path, metrics: Path, predictions: Path,
         plots: Path) -> int:
     cfg = params.evaluate
+    check_cpu_kernels(params.kernels.cpu)
+    print(f"evaluate: {describe_kernels(params.kernels.cpu)}")
     set_threads(cfg.torch_threads)
     examples = load_examples(cache, cfg.splits, cfg.max_examples)
     result = evaluate(examples, cfg, {"sft": sft, "codi": codi, "sft_direct": direct}, cache)

@@ -17,7 +17,9 @@ from codi.data.cache import write_split
 from codi.data.cache_build import cache_manifest, cache_metrics, encode_rows, summary_line, usable_traces
 from codi.infra.config import ConfigError
 from codi.infra.files import atomic_dir, write_json
+from codi.infra.kernels import check_cpu_kernels, describe_kernels
 from codi.modeling.base_model import build_base, check_model_source, save_base
+from codi.schemas.kernels import KernelsConfig
 from codi.schemas.model import ModelConfig
 from codi.schemas.precompute import PrecomputeConfig
 
@@ -28,11 +30,14 @@ class PrecomputeParams:
 
     precompute: PrecomputeConfig
     model: ModelConfig
+    kernels: KernelsConfig     # the base model's random initialisation runs torch kernels
 
 
 def run(params: PrecomputeParams, traces: Path, cache: Path, base_out: Path, metrics: Path) -> int:
     t0 = time.time()
     check_model_source(params.model)  # before any work: bad path / offline hub id
+    check_cpu_kernels(params.kernels.cpu)
+    print(f"precompute: {describe_kernels(params.kernels.cpu)}")
     files = sorted(traces.glob("*.parquet"))
     if not files:
         raise ConfigError(f"{traces}: no <source>.parquet files (run the extract stage first)")

@@ -13,6 +13,8 @@ from pathlib import Path
 from codi.data.batching import CausalLMCollator
 from codi.infra.config import to_dict
 from codi.schemas.model import ModelConfig
+from codi.infra.kernels import kernels_in_effect
+from codi.schemas.kernels import KernelsConfig
 from codi.schemas.train import SftConfig, TrainConfig
 from codi.schemas.wandb import WandbConfig
 from codi.tracing.tokens import token_ids
@@ -33,13 +35,14 @@ class SftParams:
     sft: SftConfig
     sft_direct: TrainConfig
     model: ModelConfig
+    kernels: KernelsConfig
     wandb: WandbConfig
 
 
 def run(params: SftParams, stage: str, cache: Path, base: Path, out: Path, checkpoints: Path, metrics: Path,
         plots: Path, live: Path, argv: list[str]) -> int:
     cfg = getattr(params, stage)
-    start = begin(stage, cfg, base, cache, argv, missing="run the precompute stage first")
+    start = begin(stage, cfg, params.kernels, base, cache, argv, missing="run the precompute stage first")
     if isinstance(start, int):
         return start
     import torch
@@ -57,7 +60,8 @@ def run(params: SftParams, stage: str, cache: Path, base: Path, out: Path, check
         stage=stage, cfg=cfg, logged={stage: to_dict(cfg), "model": to_dict(params.model)},
         trainer_cls=LengthGroupedTrainer, model=weights.trainable, weights=weights,
         data=TrainerData(train_ds, val_ds if len(val_ds) else None, collator, tok),
-        fingerprint=run_fingerprint(stage, __name__, to_dict(cfg), cache / "manifest.json", {"start_model": base}),
+        fingerprint=run_fingerprint(stage, __name__, to_dict(cfg), cache / "manifest.json", {"start_model": base},
+                                    kernels=kernels_in_effect(params.kernels.cpu)),
         args_extra={"include_num_input_tokens_seen": "non_padding"})
     done = train(job, StagePaths(out=out, checkpoints=checkpoints, live=live), params.wandb)
     if not done.is_main:

@@ -1,7 +1,7 @@
 """The frame of every training stage (sft, sft_direct, codi): what happens before a stage builds its model, and
 after it trained. A stage keeps only what is its own: building its model, and its summary.
 
-    start = begin("sft", cfg, start=Path("models/base"), cache=Path("data/cache"), argv=argv,
+    start = begin("sft", cfg, params.kernels, start=Path("models/base"), cache=Path("data/cache"), argv=argv,
                   missing="run the precompute stage first")
     if isinstance(start, int):          # relaunched as cfg.cpu_processes workers: their exit status
         return start
@@ -16,6 +16,7 @@ one that made the cache). finish: the metrics JSON, the loss curve PNG and the s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,10 @@ from codi.data.cache import CacheDataset, check_tokenizer
 from codi.infra.config import ConfigError
 from codi.infra.device import set_threads
 from codi.infra.files import write_json
+from codi.infra.kernels import check_cpu_kernels, describe_kernels
 from codi.infra.launch import maybe_relaunch
 from codi.modeling.lora import check_lora
+from codi.schemas.kernels import KernelsConfig
 from codi.schemas.train import TrainConfig
 from codi.tracing.tokens import load_tokenizer
 from codi.training.loop import TrainingRun, training_splits
@@ -42,12 +45,16 @@ class StageStart:
     tokenizer: Any
 
 
-def begin(stage: str, cfg: TrainConfig, start: Path, cache: Path, argv: list[str], missing: str) -> StageStart | int:
+def begin(stage: str, cfg: TrainConfig, kernels: KernelsConfig, start: Path, cache: Path, argv: list[str],
+          missing: str) -> StageStart | int:
     """The checks and set-up every training stage shares; an int is the exit status of the relaunched workers
     (this process only waited for them). `missing` says what to do when `start` holds no model."""
     check_lora(cfg.lora, stage)
     if (code := maybe_relaunch(cfg.cpu_processes, argv)) is not None:
         return code
+    check_cpu_kernels(kernels.cpu)  # in every worker: each computes with the pinned kernels
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{stage}: {describe_kernels(kernels.cpu)}", flush=True)
     if not (start / "config.json").is_file():
         raise ConfigError(f"{start}: no model here ({missing})")
     set_threads(cfg.torch_threads)

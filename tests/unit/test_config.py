@@ -112,11 +112,11 @@ def _dvc_stages() -> dict:
 # What each stage's results depend on in params (dvc.yaml's `params`; this is the contract).
 STAGE_PARAMS = {
     "extract": {"extract"},
-    "precompute": {"precompute", "model"},
-    "sft": {"sft"},
-    "sft_direct": {"sft_direct"},
-    "codi": {"alpha", "beta", "gamma", "codi"},
-    "evaluate": {"evaluate"},
+    "precompute": {"precompute", "model", "kernels"},
+    "sft": {"sft", "kernels"},
+    "sft_direct": {"sft_direct", "kernels"},
+    "codi": {"alpha", "beta", "gamma", "codi", "kernels"},
+    "evaluate": {"evaluate", "kernels"},
 }
 
 
