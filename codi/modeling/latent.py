@@ -33,6 +33,16 @@ def build_projector(hidden_size: int, *, dtype: torch.dtype, device: torch.devic
     return nn.Sequential(OrderedDict(layers)).to(device=device, dtype=dtype)
 
 
+def identity_projector_(projector: nn.Sequential) -> nn.Sequential:
+    """Set both linear maps of a thought projector to the identity, in place (no random draw: a run's later draws
+    are those of the default init). The latent then starts as LayerNorm(GELU(h)) of the last hidden state h."""
+    with torch.no_grad():
+        for name in ("0", "2"):
+            weight = projector.get_submodule(name).weight
+            weight.copy_(torch.eye(*weight.shape, dtype=weight.dtype, device=weight.device))
+    return projector
+
+
 def detached_cache(cache: DynamicCache | None) -> DynamicCache | None:
     """A new cache holding detached views of `cache`'s keys/values (no copy; the original is untouched)."""
     if cache is None:

@@ -7,6 +7,7 @@ the type a saved codi model records; this module adds what only the training run
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from codi.infra.config import option
 from codi.schemas.options import CodiOptions, LossWeights
@@ -23,6 +24,10 @@ class CodiConfig(TrainConfig, CodiOptions):
     ss_ramp_frac: float = option("share of steps over which ss_prob ramps up linearly from 0", gt=0.0, le=1.0)
     val_accuracy_samples: int = option("val examples decoded with latents at each evaluation (output accuracy); 0 = off",
                                        ge=0)
+    # research V: how training starts (a saved model does not need it: codi_config.json is as before)
+    projector_init: Literal["default", "identity"] = option(
+        "the thought projector's start: default (PyTorch's random init) | identity: both linear maps the identity, so "
+        "a latent starts as LayerNorm(GELU(last hidden)), near Coconut's projector-free latent")
 
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)

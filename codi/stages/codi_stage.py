@@ -15,6 +15,7 @@ from codi.data.values import WithValues
 from codi.infra.config import ConfigError, to_dict
 from codi.infra.device import resolve_precision
 from codi.infra.hf import load_causal_lm
+from codi.modeling.latent import identity_projector_
 from codi.modeling.model import CodiModel
 from codi.infra.kernels import kernels_in_effect
 from codi.schemas.codi import CodiConfig, TopLevelWeights
@@ -64,6 +65,8 @@ def run(params: CodiParams, cache: Path, sft: Path, out: Path, checkpoints: Path
         model = CodiModel.from_config(weights.lm, token_ids(tok), cfg, params.loss_weights, frozen_teacher=teacher)
     except ValueError as e:  # a value valid alone but not for this model (kd_layers out of range, ...)
         raise ConfigError(str(e)) from None
+    if cfg.projector_init == "identity":  # after the default init drew its numbers: every later draw is as before
+        identity_projector_(model.projector)
     if (line := weights.describe(model)) is not None:
         print(f"codi: {line}")
 

@@ -506,3 +506,21 @@ def test_projector_dropout_acts_in_training_only_and_keeps_the_weight_keys(tmp_p
     loaded = load_codi_model(save_codi_model(drop, tok, tmp_path / "c"))
     assert loaded.config.options.projector_dropout == 0.5 and not loaded.projector.training
     torch.testing.assert_close(loaded.projector(h), drop.projector(h), rtol=0, atol=0)
+
+
+def test_the_identity_projector_passes_the_hidden_state_through_gelu_and_layernorm():
+    """codi.projector_init = identity (research V): the latent starts as LayerNorm(GELU(h)); setting it draws no
+    random number, so every later draw of the run is the default init's."""
+    from codi.modeling.latent import build_projector, identity_projector_
+
+    torch.manual_seed(0)
+    default = build_projector(8, dtype=torch.float32, device="cpu")
+    after_default = torch.random.get_rng_state()
+    torch.manual_seed(0)
+    prj = identity_projector_(build_projector(8, dtype=torch.float32, device="cpu"))
+    assert torch.equal(torch.random.get_rng_state(), after_default)
+    h = torch.randn(3, 8)
+    expected = torch.nn.functional.layer_norm(torch.nn.functional.gelu(h), (8,))
+    assert torch.allclose(prj(h), expected, atol=1e-6)
+    assert not torch.allclose(default(h), expected, atol=1e-3)
+
