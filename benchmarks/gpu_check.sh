@@ -58,6 +58,9 @@ cd "$ROOT"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"; elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 WHEEL_DIR="${WHEEL_DIR:-$ROOT/.whl}"
 export DVC_NO_ANALYTICS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+# cuBLAS picks its GEMM reduction split by the workspace it may use: a fixed workspace makes every GEMM give the same
+# floats run to run on one GPU model (docs/GPU.md, "Reproducibility"); a user's own setting wins.
+export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 LOG="$OUTDIR/gpu_check.log"

@@ -7,6 +7,22 @@
     python -m experiments.ladder collect --head --out docs/ladder.json   # the finished ladder-* experiments + HEAD
     python -m experiments.ladder report --data docs/ladder.json --plot plots/ladder.png   # markdown table + plot
 
+Seeds (experiments/seeds.py): `--seeds` queues one experiment per rung and seed, `<prefix>-<rung>-s<seed>`, each
+with every `--seed-keys` key set to the seed (default `codi.seed`: enough for a change to codi alone, whose sft
+models stay the committed ones; add `sft.seed sft_direct.seed` where the change retrains sft too). `--default`
+queues the committed default itself (no rung) once per seed, named `<prefix>-s<seed>` (with rungs named too, those
+as well):
+
+    python -m experiments.ladder queue copy mix5 --seeds 0 1 2          # ladder-copy-s0 .. ladder-mix5-s2
+    python -m experiments.ladder queue mix5 --seeds 0 1 --seed-keys codi.seed sft.seed sft_direct.seed
+    python -m experiments.ladder queue --default --seeds 0 1 2 3 4 --prefix r5-base --set codi.max_steps=3200
+    python -m experiments.ladder collect --prefix r5-base --out docs/r5.json
+    python -m experiments.ladder report --data docs/r5.json --seeds-json docs/r5_seeds.json
+
+`collect` gives each row its `seed_group` (the name without `-s<N>`), `seed` (N or None) and the md5 of its
+predictions (dvc.lock); `report` adds, where a group holds several seeds, the seed table: mean ± sd (worst..best
+seed) and the interval pooled over seeds and problems (experiments/seeds.py says how it is drawn).
+
 A rung is a set of `params.yaml` overrides (dotted keys, as `dvc exp run -S` takes them), nearly always of
 `extract.synthetic`: the operations per line, the dependent steps per call, the value range. Everything else
 stays at the committed default, so a rung's row measures the task, not the recipe. `collect` reads each
@@ -22,13 +38,29 @@ import json
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from codi.infra.config import ConfigError, flatten, params_from_dict, read_yaml, set_dotted, yaml_value
 from codi.schemas.modes import MODES
 from experiments.dvc_exp import exp_run_args, experiment_refs, read_at, set_args
+from experiments.seeds import (
+    DEFAULT_SEED_KEYS,
+    check_seeds,
+    group_rows,
+    has_seeds,
+    predictions_md5,
+    predictions_reader,
+    seed_overrides,
+    seed_summary,
+    seed_table,
+    seeded_name,
+    split_seed,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNGS_FILE = ROOT / "configs" / "ladder.yaml"
@@ -70,9 +102,28 @@ def load_rungs(path: Path = RUNGS_FILE, params_path: Path = ROOT / "params.yaml"
     return rungs
 
 
-def queue_command(rung: Rung, extra: dict[str, Any], prefix: str = "ladder") -> list[str]:
-    """`dvc exp run --queue -n <prefix>-<rung> -S ...`: the rung's overrides, then `extra`."""
-    return ["dvc", *exp_run_args({**rung.overrides, **extra}, f"{prefix}-{rung.name}", queue=True)]
+def experiment_name(prefix: str, rung: Rung | None, seed: int | None = None) -> str:
+    """`<prefix>-<rung>`, `<prefix>` for the committed default (rung None); `-s<seed>` after it with a seed."""
+    return seeded_name(prefix if rung is None else f"{prefix}-{rung.name}", seed)
+
+
+def queue_command(rung: Rung | None, extra: dict[str, Any], prefix: str = "ladder", seed: int | None = None,
+                  seed_keys: Sequence[str] = DEFAULT_SEED_KEYS) -> list[str]:
+    """`dvc exp run --queue -n <name> -S ...` (`experiment_name`): the rung's overrides (none for the committed
+    default, rung None), then `extra`, then with `seed` every seed key set to it."""
+    overrides = {**(rung.overrides if rung else {}), **extra, **seed_overrides(seed_keys, seed)}
+    return ["dvc", *exp_run_args(overrides, experiment_name(prefix, rung, seed), queue=True)]
+
+
+def queue_commands(rungs: list[Rung | None], extra: dict[str, Any], prefix: str = "ladder",
+                   seeds: list[int] | None = None, seed_keys: Sequence[str] = DEFAULT_SEED_KEYS,
+                   params_path: Path = ROOT / "params.yaml") -> list[list[str]]:
+    """Every command of one `queue`: per rung (None: the committed default), one per seed (or one without
+    `seeds`); the seeds and seed keys are checked against `params_path` first (check_seeds), so nothing is
+    queued when a key is wrong."""
+    if seeds:
+        check_seeds(seeds, seed_keys, read_yaml(params_path), extra)
+    return [queue_command(rung, extra, prefix, seed, seed_keys) for rung in rungs for seed in (seeds or [None])]
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -128,10 +179,18 @@ def rung_of(params: dict[str, Any], rungs: list[Rung]) -> str | None:
     return None
 
 
+def _lock_at(ref: str, cwd: Path) -> dict[str, Any]:
+    """dvc.lock as committed at `ref` (YAML; read_at reads .yaml and JSON only)."""
+    text = subprocess.run(["git", "show", f"{ref}:dvc.lock"], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout
+    return yaml.safe_load(text) or {}
+
+
 def collect(prefix: str = "ladder", cwd: Path = ROOT, head: bool = False,
             rungs: list[Rung] | None = None) -> list[dict[str, Any]]:
     """The rows of every finished `prefix-*` experiment, and with `head` the committed default's (git HEAD,
-    named `main`), each with the rung it ran; in ladder order (`rungs`), then by name."""
+    named `main`), each with the rung it ran, its seed group and seed (`-s<N>`: experiments.seeds.split_seed) and
+    its predictions' md5 (dvc.lock; None if not there); in ladder order (`rungs`), then by group and seed."""
     base_params = read_yaml(cwd / "params.yaml")
     refs = sorted(experiment_refs(prefix, cwd).items())
     if head:
@@ -149,12 +208,18 @@ def collect(prefix: str = "ladder", cwd: Path = ROOT, head: bool = False,
             evaluation = read_at(ref, "metrics/eval.json", cwd)
         except subprocess.CalledProcessError:
             evaluation = None
+        try:  # the per-problem outcomes are a DVC output: the ref holds their md5, the DVC cache the file
+            md5 = predictions_md5(_lock_at(ref, cwd))
+        except subprocess.CalledProcessError:
+            md5 = None
         params = read_at(ref, "params.yaml", cwd)
         row = rung_row(name, params, read_at(ref, "metrics/eval_by_split.json", cwd),
                        read_at(ref, "metrics/precompute.json", cwd), timings, base_params, evaluation)
-        rows.append(row | {"rung": rung_of(params, rungs)})
+        group, seed = split_seed(name)
+        rows.append(row | {"rung": rung_of(params, rungs), "seed_group": group, "seed": seed, "predictions_md5": md5})
     order = {r.name: k for k, r in enumerate(rungs)}
-    return sorted(rows, key=lambda r: (order.get(r["rung"], len(order)), r["experiment"]))
+    # by group, then seed as a number (s2 before s10); a row without a seed is its own group, sorted by its name
+    return sorted(rows, key=lambda r: (order.get(r["rung"], len(order)), r["seed_group"], r["seed"] or 0))
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -275,10 +340,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.ladder", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the rungs and their overrides")
-    q = sub.add_parser("queue", help="queue one dvc experiment per rung")
-    q.add_argument("rungs", nargs="*", help="rung names (default: all)")
+    q = sub.add_parser("queue", help="queue one dvc experiment per rung (and seed)")
+    q.add_argument("rungs", nargs="*", help="rung names (default: all; with --default: only those named)")
+    q.add_argument("--default", action="store_true",
+                   help="queue the committed default (no rung's overrides) too, one per seed: <prefix>-s<seed>")
     q.add_argument("--set", action="append", default=[], help="another override for every rung (key=value)")
-    q.add_argument("--prefix", default="ladder", help="experiment names: <prefix>-<rung>")
+    q.add_argument("--prefix", default="ladder", help="experiment names: <prefix>-<rung>[-s<seed>]")
+    q.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
+                   help="one experiment per rung and seed, <prefix>-<rung>-s<seed>, every seed key set to it")
+    q.add_argument("--seed-keys", nargs="+", metavar="KEY",
+                   help=f"the params keys --seeds sets (default: {' '.join(DEFAULT_SEED_KEYS)}; "
+                        "add sft.seed sft_direct.seed where sft retrains too)")
     q.add_argument("--dry-run", action="store_true", help="print the commands only")
     c = sub.add_parser("collect", help="results of the finished experiments as JSON")
     c.add_argument("--prefix", default="ladder")
@@ -288,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--data", type=Path, required=True)
     r.add_argument("--plot", type=Path)
     r.add_argument("--split", default="test", choices=("val", "test"))
+    r.add_argument("--seeds-json", type=Path, help="write the seed summary (experiments.seeds.seed_summary) here")
     args = ap.parse_args(argv)
     try:
         if args.command == "list":
@@ -298,9 +371,15 @@ def main(argv: list[str] | None = None) -> int:
             unknown = [n for n in args.rungs if n not in rungs]
             if unknown:
                 raise ConfigError(f"{RUNGS_FILE}: no rung {unknown[0]!r} (rungs: {', '.join(rungs)})")
+            if args.seed_keys and not args.seeds:
+                raise ConfigError("--seed-keys: the keys --seeds sets; give --seeds too")
+            if args.default and not args.seeds:  # a lone `<prefix>` is no `<prefix>-*` that collect would find
+                raise ConfigError("--default: queues the committed default once per seed; give --seeds")
             extra = _parse_set(args.set)
-            for name in args.rungs or list(rungs):
-                cmd = queue_command(rungs[name], extra, args.prefix)
+            chosen: list[Rung | None] = [None] if args.default else []
+            chosen += [rungs[n] for n in args.rungs or ([] if args.default else list(rungs))]
+            cmds = queue_commands(chosen, extra, args.prefix, args.seeds, args.seed_keys or DEFAULT_SEED_KEYS)
+            for cmd in cmds:  # every command is built (and its seeds checked) before the first is queued
                 print(shlex.join(cmd))  # a shell can run it as printed (flow-style values hold spaces)
                 if not args.dry_run:
                     subprocess.run(cmd, cwd=ROOT, check=True)
@@ -316,6 +395,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(carried_table(rows, args.split))
             if args.plot:
                 plot(rows, args.plot, args.split)
+            if args.seeds_json or any(len(members) > 1 for members in group_rows(rows).values()):
+                summary = seed_summary(rows, predictions_reader(ROOT), source=SOURCE)
+                if has_seeds(summary):
+                    print(f"\nSeeds ({args.split}): mean ± sd over seeds (worst..best seed) [the evaluation's bootstrap "
+                          "interval, pooled over seeds and problems]:\n")
+                    print(seed_table(summary, args.split))
+                if args.seeds_json:
+                    args.seeds_json.write_text(json.dumps(summary, indent=1) + "\n")
+                    print(f"\nseed summary of {len(summary)} groups -> {args.seeds_json}", file=sys.stderr)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -169,3 +169,128 @@ def test_queue_set_values_read_as_dvc_reads_them(capsys):
     sets = dict(w.split("=", 1) for w in words if w.startswith(("codi.lr=", "extract.synthetic.operators=")))
     assert yaml_value(sets["codi.lr"]) == 0.001
     assert yaml_value(sets["extract.synthetic.operators"]) == ["max", "min"]
+
+
+# ------------------------------------------------------------------------------------------ seeds
+def _queued(monkeypatch, argv):
+    """main(argv) with `subprocess.run` recorded, not run: (exit status, the commands it would have run)."""
+    import experiments.ladder as ladder
+
+    calls = []
+    monkeypatch.setattr(ladder.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    return ladder.main(argv), calls
+
+
+def _named(cmds):
+    return {cmd[cmd.index("-n") + 1]: dict(a.split("=", 1) for a in cmd if "=" in a) for cmd in cmds}
+
+
+def test_a_seeded_queue_is_one_experiment_per_rung_and_seed(monkeypatch, capsys):
+    rungs = {r.name: r for r in load_rungs()}
+    a, b = list(rungs)[:2]
+    status, calls = _queued(monkeypatch, ["queue", a, b, "--seeds", "0", "1", "2", "--prefix", "r5"])
+    assert status == 0
+    named = _named(calls)
+    assert list(named) == [f"r5-{rung}-s{seed}" for rung in (a, b) for seed in (0, 1, 2)]
+    for seed in (0, 1, 2):
+        sets = named[f"r5-{a}-s{seed}"]
+        assert sets["codi.seed"] == str(seed) and "sft.seed" not in sets  # codi's seed by default
+        assert {k: yaml.safe_load(v) for k, v in sets.items() if k != "codi.seed"} == rungs[a].overrides
+    assert [shlex.split(line) for line in capsys.readouterr().out.splitlines()] == calls  # printed as run
+    _, calls = _queued(monkeypatch, ["queue", a, "--seeds", "4", "--seed-keys", "codi.seed", "sft.seed",
+                                     "sft_direct.seed", "--dry-run"])
+    assert calls == []  # --dry-run: printed only
+    words = shlex.split(capsys.readouterr().out)
+    assert words[:6] == ["dvc", "exp", "run", "--queue", "-n", f"ladder-{a}-s4"]
+    assert words[-6:] == ["-S", "codi.seed=4", "-S", "sft.seed=4", "-S", "sft_direct.seed=4"]
+
+
+def test_without_seeds_the_queue_is_as_before(monkeypatch):
+    rung = load_rungs()[0]
+    _, calls = _queued(monkeypatch, ["queue", rung.name, "--set", "sft.max_steps=7200", "--prefix", "budget"])
+    assert calls == [queue_command(rung, {"sft.max_steps": 7200}, "budget")]
+    assert calls[0][5] == f"budget-{rung.name}" and not any("seed" in a for a in calls[0])
+
+
+def test_the_committed_default_queues_once_per_seed(monkeypatch):
+    status, calls = _queued(monkeypatch, ["queue", "--default", "--seeds", "0", "1", "2", "3", "4", "--prefix",
+                                          "r5-base", "--set", "codi.max_steps=3200"])
+    assert status == 0
+    assert _named(calls) == {f"r5-base-s{s}": {"codi.max_steps": "3200", "codi.seed": str(s)} for s in range(5)}
+    rung = load_rungs()[0].name  # a rung named beside --default is queued too, and only it
+    _, calls = _queued(monkeypatch, ["queue", "--default", rung, "--seeds", "1"])
+    assert list(_named(calls)) == ["ladder-s1", f"ladder-{rung}-s1"]
+    status, calls = _queued(monkeypatch, ["queue", "--default"])  # `ladder` alone: no ladder-* for collect
+    assert status == 2 and calls == []
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--seeds", "0", "1", "--seed-keys", "codi.seed", "codi.sed"], "--seed-keys codi.sed: not a params key"),
+    (["--seeds", "0", "--seed-keys", "nope.seed"], "--seed-keys nope.seed: not a params key"),
+    (["--seeds", "0", "0"], "each seed once"),
+    (["--seeds", "-1"], "each seed once"),
+    (["--seeds", "0", "--set", "codi.seed=3"], "--set codi.seed: a seed key"),
+    (["--seed-keys", "sft.seed"], "give --seeds too"),
+])
+def test_a_bad_seed_fails_before_anything_is_queued(monkeypatch, capsys, argv, msg):
+    status, calls = _queued(monkeypatch, ["queue", *(r.name for r in load_rungs()[:2]), *argv])
+    assert status == 2 and calls == []
+    assert msg in capsys.readouterr().err
+
+
+def test_the_seed_keys_are_checked_as_the_rungs_overrides_are():
+    from experiments.ladder import queue_commands
+
+    with pytest.raises(ConfigError, match="codi.sed: not a params key"):
+        queue_commands([None], {}, "x", [0], ["codi.sed"], ROOT / "params.yaml")
+    assert queue_commands([None], {}, "x", [0], ["codi.seed"], ROOT / "params.yaml") == [
+        ["dvc", "exp", "run", "--queue", "-n", "x-s0", "-S", "codi.seed=0"]]
+
+
+def test_collect_gives_each_row_its_seed_group_seed_and_predictions_md5(tmp_path):
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"codi": {"seed": 0}}))
+    (tmp_path / "metrics/eval_by_split.json").write_text(json.dumps(_by_split(0.8)))
+    (tmp_path / "metrics/precompute.json").write_text("{}")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    for name, seed in (("r5-s10", 10), ("r5-s2", 2), ("r5-other", 0)):
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"codi": {"seed": seed}}))
+        lock = {"stages": {"evaluate": {"outs": [{"path": "data/eval/predictions.parquet", "md5": f"md5{seed}"}]}}}
+        (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+        git("add", "-A")
+        git("commit", "-qm", name)
+        git("update-ref", f"refs/exps/ab/cdef/{name}", "HEAD")
+        git("reset", "-q", "--hard", "HEAD~1")
+    rows = collect("r5", tmp_path, head=True, rungs=[])
+    assert [(r["experiment"], r["seed_group"], r["seed"], r["predictions_md5"]) for r in rows] == [
+        ("main", "main", None, None), ("r5-s2", "r5", 2, "md52"), ("r5-s10", "r5", 10, "md510"),
+        ("r5-other", "r5-other", None, "md50")]  # by group, then seed as a number
+
+
+def test_report_adds_the_seed_table_and_writes_the_summary(tmp_path, capsys):
+    from experiments.ladder import main
+
+    base = {"gamma": 0.5}
+    rows = [rung_row(name, base, _by_split(acc), {}, {}, base) | {"rung": None, "seed_group": "g", "seed": seed}
+            for name, seed, acc in (("g-s0", 0, 0.8), ("g-s1", 1, 0.9))]
+    rows.append(rung_row("main", base, _by_split(0.7), {}, {}, base) | {"rung": None})  # collected before seeds
+    data = tmp_path / "rows.json"
+    data.write_text(json.dumps(rows))
+    assert main(["report", "--data", str(data), "--seeds-json", str(tmp_path / "seeds.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(markdown_table(rows, "test"))  # the ladder table as before
+    assert "| g | 2 | 40.0% ± 3.5 (37.5..42.5) | 0.50 ± 0.00 (0.50..0.50) | - | 10.0% ± 0.0 (10.0..10.0) | " \
+           "unavailable |" in out
+    assert "- g latent per seed: s0 37.5%, s1 42.5% (pooled interval unavailable: no predictions for g-s0, g-s1" in out
+    summary = json.loads((tmp_path / "seeds.json").read_text())
+    assert list(summary) == ["g", "main"] and summary["g"]["val"]["explicit"]["seeds"] == {"0": 0.8, "1": 0.9}
+    single = tmp_path / "single.json"
+    single.write_text(json.dumps(rows[2:]))
+    assert main(["report", "--data", str(single)]) == 0
+    assert capsys.readouterr().out.strip() == markdown_table(rows[2:], "test")  # one seed: nothing new
