@@ -6,6 +6,7 @@
     dvc queue start -j 1                                 # one experiment at a time on a small machine
     python -m experiments.ladder collect --head --out docs/ladder.json   # the finished ladder-* experiments + HEAD
     python -m experiments.ladder report --data docs/ladder.json --plot plots/ladder.png   # markdown table + plot
+    python -m experiments.ladder report --data docs/r5.json --curves plots/r5_curves.png  # codi curves per seed
 
 Seeds (experiments/seeds.py): `--seeds` queues one experiment per rung and seed, `<prefix>-<rung>-s<seed>`, each
 with every `--seed-keys` key set to the seed (default `codi.seed`: enough for a change to codi alone, whose sft
@@ -49,10 +50,13 @@ from codi.infra.config import ConfigError, flatten, params_from_dict, read_yaml,
 from codi.schemas.modes import MODES
 from experiments.dvc_exp import exp_run_args, experiment_refs, read_at, set_args
 from experiments.seeds import (
+    CURVES,
     DEFAULT_SEED_KEYS,
     check_seeds,
     group_rows,
     has_seeds,
+    parse_tsv,
+    plot_seed_curves,
     predictions_md5,
     predictions_reader,
     seed_overrides,
@@ -179,11 +183,14 @@ def rung_of(params: dict[str, Any], rungs: list[Rung]) -> str | None:
     return None
 
 
+def _git_show(ref: str, path: str, cwd: Path) -> str:
+    """File `path` as committed at `ref`, as text; CalledProcessError if it is not there."""
+    return subprocess.run(["git", "show", f"{ref}:{path}"], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
 def _lock_at(ref: str, cwd: Path) -> dict[str, Any]:
     """dvc.lock as committed at `ref` (YAML; read_at reads .yaml and JSON only)."""
-    text = subprocess.run(["git", "show", f"{ref}:dvc.lock"], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout
-    return yaml.safe_load(text) or {}
+    return yaml.safe_load(_git_show(ref, "dvc.lock", cwd)) or {}
 
 
 def collect(prefix: str = "ladder", cwd: Path = ROOT, head: bool = False,
@@ -212,11 +219,18 @@ def collect(prefix: str = "ladder", cwd: Path = ROOT, head: bool = False,
             md5 = predictions_md5(_lock_at(ref, cwd))
         except subprocess.CalledProcessError:
             md5 = None
+        curves = {}
+        for name_ in CURVES:  # the codi stage's curves, committed with the experiment (dvclive plots)
+            try:
+                curves[name_] = parse_tsv(_git_show(ref, f"dvclive/codi/plots/metrics/{name_}.tsv", cwd))
+            except subprocess.CalledProcessError:
+                pass
         params = read_at(ref, "params.yaml", cwd)
         row = rung_row(name, params, read_at(ref, "metrics/eval_by_split.json", cwd),
                        read_at(ref, "metrics/precompute.json", cwd), timings, base_params, evaluation)
         group, seed = split_seed(name)
-        rows.append(row | {"rung": rung_of(params, rungs), "seed_group": group, "seed": seed, "predictions_md5": md5})
+        rows.append(row | {"rung": rung_of(params, rungs), "seed_group": group, "seed": seed, "predictions_md5": md5,
+                           "curves": curves})
     order = {r.name: k for k, r in enumerate(rungs)}
     # by group, then seed as a number (s2 before s10); a row without a seed is its own group, sorted by its name
     return sorted(rows, key=lambda r: (order.get(r["rung"], len(order)), r["seed_group"], r["seed"] or 0))
@@ -361,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--plot", type=Path)
     r.add_argument("--split", default="test", choices=("val", "test"))
     r.add_argument("--seeds-json", type=Path, help="write the seed summary (experiments.seeds.seed_summary) here")
+    r.add_argument("--curves", type=Path, help="plot each experiment's codi training curves (value CE, value KD, "
+                   "val latent accuracy) here, a line per seed")
     args = ap.parse_args(argv)
     try:
         if args.command == "list":
@@ -395,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(carried_table(rows, args.split))
             if args.plot:
                 plot(rows, args.plot, args.split)
+            if args.curves:
+                plot_seed_curves(rows, args.curves)
             if args.seeds_json or any(len(members) > 1 for members in group_rows(rows).values()):
                 summary = seed_summary(rows, predictions_reader(ROOT), source=SOURCE)
                 if has_seeds(summary):

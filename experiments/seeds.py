@@ -322,3 +322,57 @@ def seed_table(summary: dict[str, Any], split: str = "test") -> str:
 def has_seeds(summary: dict[str, Any]) -> bool:
     """Whether any group holds more than one seed (the report's seed table is then printed)."""
     return any(entry["n_seeds"] > 1 for entry in summary.values())
+
+
+# ------------------------------------------------------------------------------------------ curves
+# The codi stage's curves that tell a slow draw from a fast one (dvclive/codi/plots/metrics/<kind>/<name>.tsv):
+# the value CE and value KD in training, the latent decoder's accuracy on val at each evaluation.
+CURVES = ("train/value_loss", "train/value_kd_loss", "train/kd_loss", "eval/latent_accuracy", "eval/value_loss")
+
+
+def parse_tsv(text: str) -> list[list[float]]:
+    """A dvclive plot file (`step<TAB>value` with a header) as [[step, value], ...]."""
+    rows = [line.split("\t") for line in text.strip().splitlines()[1:] if line.strip()]
+    return [[float(step), float(value)] for step, value in rows]
+
+
+def curve_at(curves: Mapping[str, list[list[float]]], name: str, step: float) -> float | None:
+    """The value of curve `name` at the last logged step <= `step` (None if none is)."""
+    points = [v for s, v in curves.get(name, []) if s <= step]
+    return points[-1] if points else None
+
+
+def plot_seed_curves(rows: Sequence[dict[str, Any]], path: Path, names: Sequence[str] = CURVES[:2] + CURVES[3:4]
+                     ) -> None:
+    """One panel per curve (`names`), one line per experiment (its seed group's colour, one shade per seed): the
+    codi runs' training curves side by side, to see whether draws differ in speed or in where they land."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from codi.infra.files import atomic_path
+
+    rows = [r for r in rows if r.get("curves")]
+    groups = sorted({r["seed_group"] for r in rows})
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4.0))
+    for ax, name in zip(np.atleast_1d(axes), names):
+        for r in rows:
+            pts = r["curves"].get(name) or []
+            if not pts:
+                continue
+            colour = cmap(groups.index(r["seed_group"]) % 10)
+            label = f"{r['seed_group']} s{r['seed']}" if r.get("seed") is not None else r["experiment"]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, alpha=0.45 + 0.1 * ((r.get("seed") or 0) % 5),
+                    lw=1.1, label=label, marker="o" if name.startswith("eval/") else None, ms=3)
+        ax.set_title(name)
+        ax.set_xlabel("codi step")
+        if "loss" in name:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[-1].legend(fontsize=6, ncol=2, loc="lower right")
+    fig.suptitle("codi training curves per seed")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)

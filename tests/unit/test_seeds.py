@@ -192,3 +192,17 @@ def test_the_predictions_are_found_by_their_md5_in_the_dvc_cache(tmp_path):
     cached.rename(other / "files" / "md5" / md5[:2] / md5[2:])
     (tmp_path / ".dvc" / "config").write_text(f"[core]\n    analytics = false\n[cache]\n    dir = {other}\n")
     assert cached_file(md5, tmp_path) == other / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def test_dvclive_curves_parse_and_plot(tmp_path):
+    from experiments.seeds import curve_at, parse_tsv, plot_seed_curves
+
+    pts = parse_tsv("step\tvalue_loss\n1\t16.0\n10\t2.5\n20\t0.5\n")
+    assert pts == [[1.0, 16.0], [10.0, 2.5], [20.0, 0.5]]
+    assert curve_at({"train/value_loss": pts}, "train/value_loss", 15) == 2.5
+    assert curve_at({"train/value_loss": pts}, "train/value_loss", 0) is None
+    rows = [{"experiment": f"r5-s{s}", "seed_group": "r5", "seed": s,
+             "curves": {"train/value_loss": pts, "eval/latent_accuracy": [[400.0, 0.1 * s], [800.0, 0.5]]}}
+            for s in range(3)]
+    plot_seed_curves(rows, tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
