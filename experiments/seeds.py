@@ -361,10 +361,13 @@ def plot_seed_curves(rows: Sequence[dict[str, Any]], path: Path, names: Sequence
             pts = r["curves"].get(name) or []
             if not pts:
                 continue
-            colour = cmap(groups.index(r["seed_group"]) % 10)
+            # one group: a colour per seed; several: a colour per group, the seeds in one style each
+            seed = r.get("seed") or 0
+            colour = cmap(seed % 10) if len(groups) == 1 else cmap(groups.index(r["seed_group"]) % 10)
+            style = "-" if len(groups) == 1 else ("-", "--", ":", "-.")[seed % 4]
             label = f"{r['seed_group']} s{r['seed']}" if r.get("seed") is not None else r["experiment"]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, alpha=0.45 + 0.1 * ((r.get("seed") or 0) % 5),
-                    lw=1.1, label=label, marker="o" if name.startswith("eval/") else None, ms=3)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=colour, alpha=0.8, lw=1.1, label=label,
+                    marker="o" if name.startswith("eval/") else None, ms=3)
         ax.set_title(name)
         ax.set_xlabel("codi step")
         if "loss" in name:
