@@ -32,6 +32,7 @@ from codi.evaluation.core import evaluate, load_examples
 from codi.evaluation.writer import write_reports
 from codi.infra.config import UserError, load_params
 from codi.infra.files import write_json
+from codi.infra.kernels import check_cpu_kernels, describe_kernels, pin_cpu_kernels
 from codi.schemas.modes import MODES
 from codi.sources.synthetic import NAME as SYNTHETIC
 from codi.sources.synthetic import generate
@@ -66,6 +67,10 @@ def within(fresh: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
 def run(params_path: Path, seed: int, programs: int, out: Path, cache: Path, models: dict[str, Path],
         committed_metrics: Path) -> dict[str, Any]:
     params = load_params(params_path)
+    # the committed models were evaluated under params.yaml's kernels: pinned before torch's first op, as a stage
+    pin_cpu_kernels(params.kernels.cpu)
+    check_cpu_kernels(params.kernels.cpu)
+    print(f"fresh seed: {describe_kernels(params.kernels.cpu)}", flush=True)
     if seed == params.extract.synthetic.seed:
         raise UserError(f"--seed {seed}: the committed generator seed (extract.synthetic.seed); pick another")
     samples = fresh_samples(params, seed, programs, committed_programs(cache))

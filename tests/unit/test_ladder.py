@@ -294,3 +294,13 @@ def test_report_adds_the_seed_table_and_writes_the_summary(tmp_path, capsys):
     single.write_text(json.dumps(rows[2:]))
     assert main(["report", "--data", str(single)]) == 0
     assert capsys.readouterr().out.strip() == markdown_table(rows[2:], "test")  # one seed: nothing new
+
+
+def test_every_profile_loads_and_makes_a_valid_params_file():
+    """configs/profiles/*.yaml: each names a rung, sets only params keys, and passes the schema (tiny too)."""
+    from experiments.profile import PROFILES_DIR, load_profile
+
+    names = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    assert "codi3200" in names
+    for name in names:
+        assert load_profile(name).name == name
