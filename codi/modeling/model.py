@@ -174,13 +174,15 @@ class CodiModel(nn.Module):
     # ----------------------------------------------------------------------------------- forward
     def forward(self, examples: Sequence[dict[str, Any]], ss_prob: float = 0.0,
                 ss_rng: random.Random | torch.Generator | None = None, latent_share: float = 1.0,
-                latent_count: int | None = None) -> dict[str, torch.Tensor]:
+                latent_count: int | None = None, value_scale: float = 1.0) -> dict[str, torch.Tensor]:
         """The loss dict of a batch. `latent_share` (codi.modeling.plan.latent_share) is the share of each
         example's LINE frames that are latent (the first ones), or `latent_count` of them when given (the stage
         curriculum, plan.stage_latent_count); KD and reconstruction average over the examples that have a latent
-        frame (0 when none has)."""
+        frame (0 when none has). `value_scale` multiplies the value terms' weights (plan.value_ramp)."""
         if not examples:
             raise ValueError("examples: expected a non-empty batch")
+        if isinstance(value_scale, bool) or not isinstance(value_scale, (int, float)) or not 0.0 <= value_scale <= 1.0:
+            raise ValueError(f"value_scale = {value_scale!r}: expected a factor in [0, 1]")
         if isinstance(ss_prob, bool) or not isinstance(ss_prob, (int, float)) or not 0.0 <= ss_prob <= 1.0:
             raise ValueError(f"ss_prob = {ss_prob!r}: expected a probability in [0, 1]")
         if ss_prob > 0 and ss_rng is None:
@@ -224,10 +226,10 @@ class CodiModel(nn.Module):
         loss = w.teacher_ce_weight * t_loss + w.student_ce_weight * s_loss + w.kd_weight * kd_loss
         if self.options.recon_weight > 0:
             loss = loss + self.options.recon_weight * recon_loss
-        if self.options.value_weight > 0:
-            loss = loss + self.options.value_weight * value_loss
+        if self.options.value_weight > 0:  # value_scale 1.0 leaves the weight's float as it is
+            loss = loss + value_scale * self.options.value_weight * value_loss
         if self.options.value_kd_weight > 0:
-            loss = loss + self.options.value_kd_weight * value_kd_loss
+            loss = loss + value_scale * self.options.value_kd_weight * value_kd_loss
         return {"loss": loss, "teacher_loss": t_loss.detach(), "student_loss": s_loss.detach(),
                 "kd_loss": kd_loss.detach(), "recon_loss": recon_loss.detach(), "value_loss": value_loss.detach(),
                 "value_kd_loss": value_kd_loss.detach()}

@@ -4,6 +4,7 @@
     plan.rounds[k].tokens, .targets, .anchors, .ss_slots
     p = ss_ramp(step, max_steps, ss_prob, ss_ramp_frac); u = draw_uniform(rng)  # random.Random | Generator
     share = latent_share(step, max_steps, curriculum_frac, mix_explicit_prob)  # the latent curriculum
+    scale = value_ramp(step, max_steps, value_ramp_frac)  # the value terms' ramp (CodiModel.forward's value_scale)
 
 The first n = latent_frames(len(spans), share) spans (i_1, j_1)..(i_n, j_n) are latent; later LINE frames
 stay text. Over prompt P and trace T they give n + 1 rounds (LS/LE = latent_start/end), with latents after
@@ -206,6 +207,14 @@ def ss_ramp(step: int, max_steps: int, ss_prob: float, ss_ramp_frac: float) -> f
     """Scheduled-sampling probability at optimizer step `step`: a linear ramp from 0 to `ss_prob` over
     the first `ss_ramp_frac` of `max_steps`, then flat. Pure: the model keeps no schedule state."""
     return ss_prob * min(1.0, step / max(1.0, ss_ramp_frac * max_steps))
+
+
+def value_ramp(step: int, max_steps: int, ramp_frac: float) -> float:
+    """The value terms' weight factor at optimizer step `step`: a linear ramp from 0 to 1 over the first `ramp_frac`
+    of `max_steps`, then 1; exactly 1 when `ramp_frac` is 0 (off), so the loss is bit for bit as without a ramp."""
+    if ramp_frac <= 0:
+        return 1.0
+    return min(1.0, step / max(1.0, ramp_frac * max_steps))
 
 
 def draw_uniform(rng: random.Random | torch.Generator) -> float:

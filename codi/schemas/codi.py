@@ -28,6 +28,9 @@ class CodiConfig(TrainConfig, CodiOptions):
     projector_init: Literal["default", "identity"] = option(
         "the thought projector's start: default (PyTorch's random init) | identity: both linear maps the identity, so "
         "a latent starts as LayerNorm(GELU(last hidden)), near Coconut's projector-free latent")
+    value_ramp_frac: float = option(
+        "the value terms' weights (value_weight, value_kd_weight) ramp linearly from 0 to their value over this share "
+        "of max_steps, then stay; 0 = off: full weight from the first step", ge=0.0, le=1.0)
 
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)

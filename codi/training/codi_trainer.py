@@ -19,7 +19,7 @@ import torch
 from codi.data.answers import answers_match
 from codi.evaluation.decoding import iter_decode
 from codi.modeling.io import PROJECTOR_FILE, save_codi_model
-from codi.modeling.plan import latent_share, ss_ramp, stage_latent_count, stage_of
+from codi.modeling.plan import latent_share, ss_ramp, stage_latent_count, stage_of, value_ramp
 from codi.schemas.codi import CodiConfig
 from codi.schemas.options import CodiOptions
 from codi.training.grouped import LengthGroupedTrainer
@@ -130,7 +130,11 @@ class CodiTrainer(LengthGroupedTrainer):
             count = stage_latent_count(step, c.stage_steps, c.stage_smoothing, c.stage_mix_prob,
                                        stage_rng(c.seed, step, micro, self.args.process_index))
             self._window["latent_frames"].append(float(count))
-        out = model(inputs["examples"], ss_prob=p, ss_rng=rng, latent_share=share, latent_count=count)
+        scale = value_ramp(step, self.state.max_steps, c.value_ramp_frac) if model.training else 1.0
+        if model.training and c.value_ramp_frac > 0:
+            self._window["value_scale"].append(scale)
+        out = model(inputs["examples"], ss_prob=p, ss_rng=rng, latent_share=share, latent_count=count,
+                    value_scale=scale)
         if model.training:
             for k in sub_losses(self.codi_cfg):
                 self._window[k].append(out[k].item())

@@ -206,9 +206,10 @@ def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):
 
 
 def test_codi_with_the_value_levers_trains_and_evaluates(ws, tmp_path, capsys):
-    """Research IV's levers (value CE with hard feedback, value KD, CODI's answer anchor, the stage curriculum): the
-    stage trains on each frame's assigned value and logs the value terms, resets the optimizer at the stage switch,
-    the saved model records the options, and evaluate decodes it with the same feedback (ablation and probe too)."""
+    """Research IV's levers (value CE with hard feedback, value KD, CODI's answer anchor, the stage curriculum) and
+    research V's ramp of the value terms: the stage trains on each frame's assigned value and logs the value terms
+    and the ramp's factor, resets the optimizer at the stage switch, the saved model records the options, and
+    evaluate decodes it with the same feedback (ablation and probe too)."""
     from codi.modeling import load_codi_model
 
     other = tmp_path / "ws"
@@ -216,7 +217,7 @@ def test_codi_with_the_value_levers_trains_and_evaluates(ws, tmp_path, capsys):
     opts = {"latent_steps": 2, "value_weight": 1.0, "value_feedback": "hard", "value_kd_weight": 0.5,
             "kd_positions": "answer", "stage_steps": 2, "stage_reset_optimizer": True, "stage_smoothing": 0.5,
             "stage_mix_prob": 0.5}
-    write_params(other / "params.yaml", tiny_params(codi=opts))
+    write_params(other / "params.yaml", tiny_params(codi={**opts, "value_ramp_frac": 0.5}))
     capsys.readouterr()
     assert cli(other, "codi") == 0
     out = capsys.readouterr().out
@@ -228,6 +229,8 @@ def test_codi_with_the_value_levers_trains_and_evaluates(ws, tmp_path, capsys):
     assert logged and all(h["value_loss"] >= 0 and h["value_kd_loss"] >= 0 for h in logged)
     assert any(h["value_loss"] > 0 for h in logged) and any(h["value_kd_loss"] > 0 for h in logged)
     assert [h["latent_frames"] for h in logged if "latent_frames" in h]  # the stage curriculum's frames, logged
+    # the value terms' ramp (research V) over 2 of the 4 steps, logged after each step: its factor during that step
+    assert [h["value_scale"] for h in logged] == pytest.approx([0.0, 0.5, 1.0, 1.0])
     cfg = load_codi_model(other / "models/codi").config.options
     assert {k: getattr(cfg, k) for k in opts} == opts
     assert cli(other, "evaluate") == 0

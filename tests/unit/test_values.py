@@ -125,6 +125,29 @@ def test_the_value_ce_is_the_value_slots_cross_entropy_through_the_head():
     assert torch.allclose(out["loss"], base_loss + 0.7 * expected, atol=1e-6)
 
 
+def test_the_value_ramp_scales_both_value_terms_and_is_bit_exact_when_off():
+    """codi.value_ramp_frac (research V): the value terms' weights times plan.value_ramp's factor; the factor
+    is exactly 1 with the ramp off, and the loss is then the loss without a ramp, bit for bit."""
+    from codi.modeling.plan import value_ramp
+
+    assert value_ramp(0, 1600, 0.0) == value_ramp(5, 1600, 0.0) == 1.0
+    assert value_ramp(0, 1600, 0.25) == 0.0 and value_ramp(200, 1600, 0.25) == 0.5
+    assert value_ramp(400, 1600, 0.25) == value_ramp(1599, 1600, 0.25) == 1.0
+    exs = batch_with_values()
+    torch.manual_seed(0)
+    m = codi_model(tiny_base(), TOKEN_IDS, 2, value_weight=0.7, value_kd_weight=2.0, **W)
+    full, half, none = m(exs), m(exs, value_scale=0.5), m(exs, value_scale=0.0)
+    assert torch.equal(m(exs, value_scale=1.0)["loss"], full["loss"])
+    assert torch.equal(none["value_loss"], full["value_loss"]) and none["value_kd_loss"] > 0
+    rest = full["loss"] - 0.7 * full["value_loss"] - 2.0 * full["value_kd_loss"]
+    assert torch.allclose(none["loss"], rest, atol=1e-6)
+    assert torch.allclose(half["loss"], rest + 0.5 * (0.7 * full["value_loss"] + 2.0 * full["value_kd_loss"]),
+                          atol=1e-6)
+    for bad in (1.5, -0.1, True):
+        with pytest.raises(ValueError, match="value_scale"):
+            m(exs, value_scale=bad)
+
+
 @pytest.mark.parametrize("feedback", ["soft", "hard"])
 def test_value_feedback_changes_the_student_and_trains_the_head(feedback):
     exs = batch_with_values()
