@@ -6,14 +6,20 @@
     write_reports(result, cfg, metrics_dir, predictions, plots)     # codi.evaluation.report: the one writer
 
 `evaluate_mode` decodes one mode (codi.evaluation.decoding) and scores it (codi.evaluation.metrics). For the
-latent mode it also measures what the latents carry (codi.evaluation.probe): teacher-forced actions, the
-constant-latent ablation (`evaluate.ablate_latents`) and the latent probe (`evaluate.probe_train_examples`).
-The stage `evaluate` (codi/stages/evaluate.py) and `python -m experiments.fresh_seed` both run this.
+latent mode it also measures what the latents carry (codi.evaluation.probe): teacher-forced actions and the
+constant-latent ablation (`evaluate.ablate_latents`); the latent probe (`evaluate.probe_train_examples`) is a
+work unit of its own, since it decodes nothing. The units (each mode's decoding, the probe) share no state, so
+with `evaluate.processes` > 1 they run in that many spawned processes, longest first, each loading the model it
+needs: every figure is the one a single process computes (the same examples, batches and kernels), and the
+stage's wall time is about that of its longest unit. The stage `evaluate` (codi/stages/evaluate.py) and
+`python -m experiments.fresh_seed` both run this.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,7 @@ from codi.evaluation.metrics import Bootstrap, latent_diagnostics, per_difficult
 from codi.evaluation.probe import ablation_summary, collect_blocks, diagnosis, probe_report
 from codi.evaluation.report import split_summaries
 from codi.infra.config import ConfigError
+from codi.infra.device import set_threads
 from codi.infra.hf import load_causal_lm
 from codi.schemas.evaluate import EvaluateConfig
 from codi.tracing.format import parse_trace
@@ -64,13 +71,19 @@ class LoadedMode:
     codi: Any = None  # latent: the LoadedCodi (the probe rebuilds its CodiModel)
 
 
+def mode_folder(mode: str, paths: dict[str, Path]) -> Path:
+    """The model folder a mode decodes with; one that holds no model is a clear error."""
+    path = paths[MODE_MODEL[mode]]
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"evaluate.modes includes {mode!r}, but {path} holds no model (run its stage first)")
+    return path
+
+
 def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path) -> LoadedMode:
     """A mode's LoadedMode; a missing folder, or a tokenizer that did not make the cache, is a clear error."""
     import torch
 
-    path = paths[MODE_MODEL[mode]]
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"evaluate.modes includes {mode!r}, but {path} holds no model (run its stage first)")
+    path = mode_folder(mode, paths)
     if mode == "latent":
         from codi.modeling.io import load_codi_model
         loaded = load_codi_model(path, dtype=torch.float32)
@@ -150,9 +163,9 @@ class ModeResult:
         return sum(r["correct"] for r in self.rows) / max(len(self.rows), 1)
 
 
-def evaluate_mode(loaded: LoadedMode, examples: list[dict[str, Any]], cfg: EvaluateConfig, cache_dir: Path,
-                  boot: Bootstrap) -> ModeResult:
-    """Decode and score one mode; for latent also the forced-action diagnostics, the ablation and the probe."""
+def evaluate_mode(loaded: LoadedMode, examples: list[dict[str, Any]], cfg: EvaluateConfig, boot: Bootstrap
+                  ) -> ModeResult:
+    """Decode and score one mode; for latent also the forced-action diagnostics and the ablation."""
     tok, mode = loaded.tokenizer, loaded.mode
     t0 = time.time()
     lines = ([program_action_lines(tok, e["program"]) for e in examples]
@@ -173,9 +186,54 @@ def evaluate_mode(loaded: LoadedMode, examples: list[dict[str, Any]], cfg: Evalu
                                                   override=mean_latent(results)), examples) if fed else out.rows
         print(f"evaluate latent with constant latents: output accuracy "
               f"{sum(r['correct'] for r in out.ablated_rows) / len(examples):.3f}")
-    if cfg.probe_train_examples:
-        out.probe = latent_probe(loaded, examples, cache_dir, cfg)
     return out
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """An independent piece of the evaluation: one mode's decoding (`decode`), or the latent probe (`probe`)."""
+
+    kind: str
+    mode: str
+
+
+def work_units(cfg: EvaluateConfig) -> list[WorkUnit]:
+    """The evaluation's units, longest first on the default (latent decodes three times: free, teacher-forced
+    actions, constant latents; then explicit's long traces, the probe's forced passes, direct's short answers), so
+    that a pool of workers taking them in this order ends at about the same time."""
+    decodes = [WorkUnit("decode", mode) for mode in ("latent", "explicit") if mode in cfg.modes]
+    probe = [WorkUnit("probe", "latent")] if "latent" in cfg.modes and cfg.probe_train_examples else []
+    rest = [WorkUnit("decode", mode) for mode in cfg.modes if mode not in ("latent", "explicit")]
+    return decodes + probe + rest
+
+
+def run_unit(unit: WorkUnit, examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path],
+             cache_dir: Path, boot: Bootstrap) -> ModeResult | dict[str, Any] | None:
+    """One unit, in this process: a decode's ModeResult, or the probe's report."""
+    loaded = load_mode_model(unit.mode, paths, cache_dir)
+    if unit.kind == "probe":
+        return latent_probe(loaded, examples, cache_dir, cfg)
+    return evaluate_mode(loaded, examples, cfg, boot)
+
+
+def run_units(units: list[WorkUnit], examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path],
+              cache_dir: Path, boot: Bootstrap) -> dict[WorkUnit, Any]:
+    """Every unit's result: in this process (evaluate.processes 1), or in a pool of spawned processes (each with
+    evaluate.torch_threads threads; the CPU kernel pins reach them through the environment)."""
+    workers = min(cfg.processes, len(units))
+    if workers <= 1:
+        return {unit: run_unit(unit, examples, cfg, paths, cache_dir, boot) for unit in units}
+    for unit in units:  # a missing model is said at once, before any process starts
+        mode_folder(unit.mode, paths)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=set_threads,
+                             initargs=(cfg.torch_threads,)) as pool:
+        futures = {unit: pool.submit(run_unit, unit, examples, cfg, paths, cache_dir, boot) for unit in units}
+        try:
+            return {unit: future.result() for unit, future in futures.items()}
+        except BaseException:  # a unit's error (raised here as it was there): start no other unit
+            for future in futures.values():
+                future.cancel()
+            raise
 
 
 @dataclass
@@ -215,8 +273,10 @@ def evaluate(examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[st
     if not examples:
         raise ConfigError(f"evaluate.splits = {cfg.splits}: no examples in {cache_dir} for these splits")
     boot = Bootstrap(cfg.bootstrap_samples, cfg.bootstrap_seed, cfg.ci_level)
-    modes = {mode: evaluate_mode(load_mode_model(mode, paths, cache_dir), examples, cfg, cache_dir, boot)
-             for mode in cfg.modes}
+    done = run_units(work_units(cfg), examples, cfg, paths, cache_dir, boot)
+    modes: dict[str, ModeResult] = {mode: done[WorkUnit("decode", mode)] for mode in cfg.modes}
+    if WorkUnit("probe", "latent") in done:
+        modes["latent"].probe = done[WorkUnit("probe", "latent")]
     rows = [r for m in modes.values() for r in m.rows]
     split_names = list(dict.fromkeys(r["split"] for r in rows))
     latent = modes.get("latent")

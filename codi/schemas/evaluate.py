@@ -22,6 +22,8 @@ class EvaluateConfig:
     constrain_actions: bool = option("explicit/latent: after <|action_sep|> write only one of the program's "
                                      "lines (the model still picks which); false = free decoding")
     torch_threads: int = option("torch intra-op threads on CPU; 0 = torch's default", ge=0)
+    processes: int = option("processes the evaluation's independent units (each mode's decoding, the latent probe) "
+                            "run in, each with torch_threads threads; 1 = all in the stage's process", ge=1)
     bootstrap_samples: int = option("resamples of the percentile bootstrap over problems behind every interval", ge=100)
     bootstrap_seed: int = option("seed of the bootstrap (fixed: a rerun gives the same intervals)")
     ci_level: float = option("confidence level of the intervals", gt=0.5, lt=1.0)

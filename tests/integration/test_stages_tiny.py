@@ -205,6 +205,38 @@ def test_codi_with_every_option_beyond_the_reference(ws, tmp_path, capsys):
     assert "resuming from" in capsys.readouterr().out
 
 
+def _without_times(data):
+    """A metrics tree without what a clock measured (each mode's time, the wall speedup and its interval)."""
+    if isinstance(data, dict):
+        return {k: _without_times(v) for k, v in data.items() if "time" not in k and not k.startswith("speedup")}
+    return [_without_times(v) for v in data] if isinstance(data, list) else data
+
+
+def test_evaluate_in_two_processes_gives_the_same_figures(ws, tmp_path, capfd):
+    """evaluate.processes 2 (the shipped value): the units run in spawned processes, and every figure, prediction
+    and the probe equal the in-process run's; only what a clock measured may differ."""
+    import pyarrow.parquet as pq
+
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("traces_again", "checkpoints", "dvclive"))
+    write_params(other / "params.yaml", tiny_params(evaluate={"processes": 2}))
+    capfd.readouterr()
+    assert cli(other, "evaluate") == 0
+    assert "evaluate latent with constant latents" in capfd.readouterr().out  # the workers' prints reach the stage's output
+    for name in ("eval.json", "eval_by_split.json", "eval_by_source.json", "eval_by_difficulty.json"):
+        one, two = (json.loads((w / "metrics" / name).read_text()) for w in (ws, other))
+        assert _without_times(two) == _without_times(one), name
+    assert "latent_probe" in json.loads((other / "metrics/eval.json").read_text())
+    one, two = (pq.read_table(w / "data/eval/predictions.parquet").to_pandas() for w in (ws, other))
+    kept = [c for c in one.columns if "time" not in c]
+    assert two[kept].equals(one[kept])
+    # a missing model is said at once, naming the folder, before any process starts
+    shutil.rmtree(other / "models/sft_direct")
+    assert cli(other, "evaluate") == 2
+    err = capfd.readouterr().err
+    assert "error: " in err and "models/sft_direct holds no model" in err and "Traceback" not in err
+
+
 def test_codi_with_the_value_levers_trains_and_evaluates(ws, tmp_path, capsys):
     """Research IV's levers (value CE with hard feedback, value KD, CODI's answer anchor, the stage curriculum) and
     research V's ramp of the value terms: the stage trains on each frame's assigned value and logs the value terms
