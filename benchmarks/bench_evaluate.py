@@ -6,8 +6,9 @@
 Each setting runs the whole stage (`python -m codi evaluate`, as `dvc repro` does: process start, model loads, every
 mode's decoding, the ablation, the probe, the reports) on the same models and cache, into a folder of its own, with
 params.yaml's `evaluate` section except `processes` (and `max_examples` when given). It prints each setting's wall
-time, its ratio to the first setting's, and whether every figure it wrote equals the first setting's: the metrics
-JSONs and the predictions, leaving out what a clock measured (each mode's time, the wall speedup). Run it on an
+time, its ratio to the first setting's, whether every figure it wrote equals the first setting's (the metrics
+JSONs and the predictions, leaving out what a clock measured), and the test split's wall speedup as each setting
+measured it: with several processes each mode is timed while the other units load the machine. Run it on an
 otherwise idle machine: the settings run one after another.
 """
 
@@ -74,11 +75,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"evaluate with evaluate.processes {n} ...", flush=True)
             rows.append((n, run_stage(params, n, args.max_examples, out), figures(out)))
         base_seconds, (base_metrics, base_predictions) = rows[0][1], rows[0][2]
-        print("| evaluate.processes | wall s | vs the first | every figure equal to the first's |")
-        print("|---|---|---|---|")
+        print("| evaluate.processes | wall s | vs the first | every figure equal to the first's | wall speedup "
+              "latent vs explicit (test; val) |")
+        print("|---|---|---|---|---|")
         for n, seconds, (metrics, predictions) in rows:
             same = metrics == base_metrics and predictions.equals(base_predictions)
-            print(f"| {n} | {seconds:.1f} | {seconds / base_seconds:.2f}x | {'yes' if same else 'NO'} |")
+            by_split = json.loads((Path(tmp) / f"p{n}" / "metrics" / "eval_by_split.json").read_text())
+            speedups = "; ".join(f"{by_split[s]['all'].get('speedup')}x" for s in ("test", "val") if s in by_split)
+            print(f"| {n} | {seconds:.1f} | {seconds / base_seconds:.2f}x | {'yes' if same else 'NO'} | {speedups} |")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,7 @@ TINY: dict[str, Any] = {
                    "logging_steps": 2, "lr": 0.003, "cpu_processes": 1},
     "codi": {"max_steps": 4, "batch_size": 4, "eval_batch_size": 8, "eval_steps": 2, "save_steps": 2,
              "logging_steps": 1, "val_accuracy_samples": 3, "cpu_processes": 1},
-    # one process: the stage tests' evaluations stay in-process (test_evaluate_in_two_processes_gives_the_same_figures)
-    "evaluate": {"max_examples": 5, "batch_size": 8, "max_new_tokens": 160, "max_frames": 40, "processes": 1},
+    "evaluate": {"max_examples": 5, "batch_size": 8, "max_new_tokens": 160, "max_frames": 40},
     "wandb": {"mode": "disabled"},
 }
 

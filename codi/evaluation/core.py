@@ -10,8 +10,10 @@ latent mode it also measures what the latents carry (codi.evaluation.probe): tea
 constant-latent ablation (`evaluate.ablate_latents`); the latent probe (`evaluate.probe_train_examples`) is a
 work unit of its own, since it decodes nothing. The units (each mode's decoding, the probe) share no state, so
 with `evaluate.processes` > 1 they run in that many spawned processes, longest first, each loading the model it
-needs: every figure is the one a single process computes (the same examples, batches and kernels), and the
-stage's wall time is about that of its longest unit. The stage `evaluate` (codi/stages/evaluate.py) and
+needs: every accuracy, prediction and probe figure is the one a single process computes (the same examples,
+batches and kernels), and the stage's wall time is about that of its longest unit; but each mode's decoding time,
+and so the wall speedup, is then measured while other units load the machine (1, the shipped value, when the
+speedup is a figure to report). The stage `evaluate` (codi/stages/evaluate.py) and
 `python -m experiments.fresh_seed` both run this.
 """
 
@@ -198,13 +200,17 @@ class WorkUnit:
 
 
 def work_units(cfg: EvaluateConfig) -> list[WorkUnit]:
-    """The evaluation's units, longest first on the default (latent decodes three times: free, teacher-forced
-    actions, constant latents; then explicit's long traces, the probe's forced passes, direct's short answers), so
-    that a pool of workers taking them in this order ends at about the same time."""
+    """The evaluation's units. In one process: evaluate.modes' order, the probe after the latent decodes (so each
+    mode is timed where it always was: the first one also pays the process's warm-up). In several: longest first
+    on the default (latent decodes three times: free, teacher-forced actions, constant latents; then explicit's
+    long traces, the probe's forced passes, direct's short answers), so that the workers end at about one time."""
+    probe = "latent" in cfg.modes and cfg.probe_train_examples > 0
+    if cfg.processes <= 1:
+        return [unit for mode in cfg.modes for unit in
+                [WorkUnit("decode", mode)] + ([WorkUnit("probe", mode)] if mode == "latent" and probe else [])]
     decodes = [WorkUnit("decode", mode) for mode in ("latent", "explicit") if mode in cfg.modes]
-    probe = [WorkUnit("probe", "latent")] if "latent" in cfg.modes and cfg.probe_train_examples else []
     rest = [WorkUnit("decode", mode) for mode in cfg.modes if mode not in ("latent", "explicit")]
-    return decodes + probe + rest
+    return decodes + ([WorkUnit("probe", "latent")] if probe else []) + rest
 
 
 def run_unit(unit: WorkUnit, examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path],

@@ -213,8 +213,8 @@ def _without_times(data):
 
 
 def test_evaluate_in_two_processes_gives_the_same_figures(ws, tmp_path, capfd):
-    """evaluate.processes 2 (the shipped value): the units run in spawned processes, and every figure, prediction
-    and the probe equal the in-process run's; only what a clock measured may differ."""
+    """evaluate.processes 2: the units run in spawned processes, and every figure, prediction and the probe equal
+    the in-process run's (the shipped value, 1); only what a clock measured may differ."""
     import pyarrow.parquet as pq
 
     other = tmp_path / "ws"
