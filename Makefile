@@ -79,6 +79,7 @@ compare: $(STAMP)
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@echo "== benchmarks/roofline.py"; $(BIN)/python benchmarks/roofline.py
 
 repro: $(STAMP) git-repo
 	$(BIN)/dvc repro
