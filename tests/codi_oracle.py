@@ -38,7 +38,7 @@ REFERENCE_OPTIONS = dict(kd_layers=None, kd_target="hidden", kd_temp=2.0, single
                          stage_reset_optimizer=False, stage_smoothing=0.0, stage_mix_prob=0.0)
 
 
-def codi_model(base, token_ids, latent_steps, *, frozen_teacher=None, teacher_checkpointing=True,
+def codi_model(base, token_ids, latent_steps, *, frozen_teacher=None, teacher_checkpointing=False,
                teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0, **options) -> CodiModel:
     """A CodiModel with the reference's options, `options` replaced; they are checked as params.yaml's are
     (ConfigError naming `codi.<key>`)."""

@@ -6,6 +6,9 @@
 
 One teacher pass, then the student in rounds on PaddedRows: 2 + F * max(1, latent_steps) model calls per
 batch (F = most latent LINE frames of an example), whatever its size; one more for the reconstruction.
+The student's first round starts from the teacher's keys and values of the shared prefix (the prompt and the
+trace up to the first latent frame's `<|line_sep|>`): same weights, same inputs, so the same numbers, and the
+gradient flows through the teacher's graph as it did through the student's own (`_reuses_prefix` says when).
 Equal to the per-example oracle (tests/unit/test_modeling_equivalence.py). Design: docs/design/codi-model.md, "CodiModel".
 """
 
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
 
 from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence, value_feedback
 from codi.modeling.losses import kd_hidden_per_example, kd_logit_per_example, per_example_mean, teacher_std, token_ce
@@ -74,10 +78,12 @@ class CodiModel(nn.Module):
     """Shared-weight (or frozen) teacher + latent student over one base causal LM (docs/design/codi-model.md, "CodiModel")."""
 
     def __init__(self, base: nn.Module, token_ids: TraceTokenIds, options: CodiOptions, weights: LossWeights, *,
-                 frozen_teacher: nn.Module | None = None, teacher_checkpointing: bool = True):
+                 frozen_teacher: nn.Module | None = None, teacher_checkpointing: bool = True,
+                 reuse_prefix: bool = True):
         """`options` and `weights` are checked where they are parsed (codi.schemas.options); this checks what
         needs the models: the trace token ids against the vocabulary, kd_layers against the layers, and a
-        frozen teacher's sizes. ValueError names the key."""
+        frozen teacher's sizes. ValueError names the key. `reuse_prefix` False makes the student compute the
+        shared prefix itself even where it could reuse the teacher's (benchmarks, tests)."""
         super().__init__()
         body, head, n_states = split_causal_lm(base, "base")
         if not isinstance(token_ids, TraceTokenIds):
@@ -130,6 +136,7 @@ class CodiModel(nn.Module):
         # Recompute the teacher's layers in backward (memory of one layer instead of all); the
         # student keeps its KV cache either way. codi.gradient_checkpointing.
         self.teacher_checkpointing = bool(teacher_checkpointing)
+        self.reuse_prefix = bool(reuse_prefix)
         self.n_states = n_states
         self.student_layers = _resolve_layers(eff, n_states)   # indices into the base's hidden_states
         self.value_layers = tuple(range(1, n_states))          # value KD: layers 1..L (no embeddings; PCCoT)
@@ -192,8 +199,8 @@ class CodiModel(nn.Module):
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
-        t_ce, t_kd, t_value = self._teacher(plans)
-        s_ce, s_kd, latents, s_value = self._student(plans, flags, values=self.options.uses_values)
+        t_ce, t_kd, t_value, prefix = self._teacher(plans, keep_prefix=self._reuses_prefix())
+        s_ce, s_kd, latents, s_value = self._student(plans, flags, values=self.options.uses_values, prefix=prefix)
 
         counts = [p.n_anchors for p in plans]
         if self.options.single_anchor:  # keep each example's last latent frame's anchors only
@@ -254,9 +261,24 @@ class CodiModel(nn.Module):
         return value_loss, value_kd_loss
 
     # ----------------------------------------------------------------------------------- teacher
-    def _teacher(self, plans: list[ExamplePlan]) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    def _reuses_prefix(self) -> bool:
+        """Whether this forward's student starts from the teacher's keys and values of the shared prefix.
+
+        Exact only when the teacher is the student's own weights and the forward is deterministic: not under a
+        frozen teacher (other weights), not with an active dropout (the student would see the teacher's mask, not
+        a draw of its own), and not while the teacher is checkpointed for backward (a checkpointed layer keeps no
+        cache: codi.gradient_checkpointing trades the reuse for memory)."""
+        if not self.reuse_prefix or self.frozen_teacher is not None:
+            return False
+        if self.teacher_checkpointing and self.training and torch.is_grad_enabled():
+            return False
+        return not (self.training and _has_active_dropout(self.body))
+
+    def _teacher(self, plans: list[ExamplePlan], keep_prefix: bool = False
+                 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, "_Prefix | None"]:
         """(per-example CE [n] or None under a frozen teacher, KD targets [A, L, H] or logits [A, 1, V], value KD
-        targets [V, L, H] at the token before each latent span's assigned value, (example, span) order, or None)."""
+        targets [V, L, H] at the token before each latent span's assigned value, (example, span) order, or None,
+        and with `keep_prefix` the shared prefix's keys, values and outputs for the student, else None)."""
         dev, n = self.device, len(plans)
         full = [p.prompt + p.trace for p in plans]
         width = max(map(len, full))
@@ -286,13 +308,14 @@ class CodiModel(nn.Module):
                 out = t_body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                              output_hidden_states=self._requested(self.teacher_layers, t_states))
                 if self.options.kd_target == "logit":
-                    return None, t_head(out.last_hidden_state.flatten(0, 1)[anchors])[:, None], None
-                return None, self._gather_layers(out, self.teacher_layers, t_states, anchors), None
+                    return None, t_head(out.last_hidden_state.flatten(0, 1)[anchors])[:, None], None, None
+                return None, self._gather_layers(out, self.teacher_layers, t_states, anchors), None, None
 
-        with activation_checkpointing(self.model, self.teacher_checkpointing):
+        with activation_checkpointing(self.model, self.teacher_checkpointing and not keep_prefix):
             wanted = self.teacher_layers + (self.value_layers if value_kd else ())
-            out = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+            out = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=keep_prefix,
                             output_hidden_states=self._requested(wanted, self.n_states))
+        prefix = _Prefix.of(plans, out.last_hidden_state, out.cache) if keep_prefix else None
         flat = out.last_hidden_state.flatten(0, 1)  # [n*T, H]
         # Position q predicts token q+1; trained on the trace: q from len(prompt)-1 to len(full)-2.
         rows = [(e, q) for e, p in enumerate(plans) for q in range(len(p.prompt) - 1, len(p.prompt) + len(p.trace) - 1)]
@@ -303,8 +326,8 @@ class CodiModel(nn.Module):
         t_value = (self._gather_layers(out, self.value_layers, self.n_states, before_value).detach() if value_kd
                    else None)
         if self.options.kd_target == "logit":  # extension: shared teacher's own logits, detached
-            return ce, self.head(flat[anchors]).detach()[:, None], t_value
-        return ce, self._gather_layers(out, self.teacher_layers, self.n_states, anchors).detach(), t_value
+            return ce, self.head(flat[anchors]).detach()[:, None], t_value, prefix
+        return ce, self._gather_layers(out, self.teacher_layers, self.n_states, anchors).detach(), t_value, prefix
 
     @staticmethod
     def _requested(layers: Sequence[int], n_states: int) -> list[int] | None:
@@ -321,7 +344,7 @@ class CodiModel(nn.Module):
 
     # ----------------------------------------------------------------------------------- student
     def _student(self, plans: list[ExamplePlan], flags: list[list[bool]], values: bool = False,
-                 block_states: dict[tuple[int, int], torch.Tensor] | None = None
+                 block_states: dict[tuple[int, int], torch.Tensor] | None = None, prefix: "_Prefix | None" = None
                  ) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], torch.Tensor], "_ValueSlots"]:
         """(per-example CE [n], student KD hiddens [A, L, H] in (example, span, anchor) order, when the
         reconstruction is on each latent span's latent inputs {(example, span): [latent_steps, H]}, and the value
@@ -333,7 +356,10 @@ class CodiModel(nn.Module):
 
         Round k >= 1 runs latent steps 1..latent_steps-1 as one-slot calls, then one call for
         [last latent, LE, text, LS]: the last latent's input (projector of the previous hidden) is
-        known before that call, and LE attends to it causally within the call, so fusing it is exact."""
+        known before that call, and LE attends to it causally within the call, so fusing it is exact.
+
+        `prefix` (the teacher's, `_teacher(keep_prefix=True)`): round 0 starts from its keys and values, reads
+        its CE hiddens from the teacher's outputs, and runs only the `<|latent_start|>` that ends it."""
         dev, n = self.device, len(plans)
         n_rounds = max(p.n_spans for p in plans) + 1
         offsets = [0]  # first anchor of each example in the teacher's (example, span, anchor) order
@@ -375,6 +401,9 @@ class CodiModel(nn.Module):
                     if inputs is not None:
                         block = torch.stack(inputs + [fused], dim=1)  # [n, latent_steps, H]
                         latents.update({(e, k - 1): block[e] for e in active})
+                if k == 0 and prefix is not None:
+                    h = self._prefix_round(plans, prefix, rows, ce_hidden, ce_tgt, ce_ex, n_rounds > 1)
+                    continue
                 ids, real, replace, last_slot, tgt_idx, width = self._round_block(plans, flags, active, k, fuse)
                 for e in active:
                     ce_tgt.extend(t for _, t in plans[e].rounds[k].targets)
@@ -417,6 +446,31 @@ class CodiModel(nn.Module):
             inv[g] = at
         s_kd = torch.cat(kd_parts)[torch.tensor(inv, dtype=torch.long, device=dev)]
         return s_ce, s_kd, latents, value
+
+    def _prefix_round(self, plans: list[ExamplePlan], prefix: "_Prefix", rows: PaddedRows, ce_hidden: list,
+                      ce_tgt: list, ce_ex: list, latents_follow: bool) -> torch.Tensor | None:
+        """Round 0 from the teacher's prefix: `rows` takes its keys and values, the round's CE hiddens are the
+        teacher's outputs at the same positions, and one call runs each row's `<|latent_start|>`. Returns
+        latent_start's hidden [n, H] (None when no latent follows in the batch)."""
+        dev, n = self.device, len(plans)
+        lengths = torch.tensor(prefix.lengths, dtype=torch.long, device=dev)
+        rows.cache = prefix.cache
+        rows.mask = torch.arange(int(lengths.max()), device=dev)[None] < lengths[:, None]
+        rows.next_pos = lengths
+        width = prefix.hidden.shape[1]
+        idx = []
+        for e, p in enumerate(plans):  # round 0's slots are positions of prompt + trace, as in the teacher's row
+            targets = p.rounds[0].targets
+            ce_tgt.extend(t for _, t in targets)
+            ce_ex.extend([e] * len(targets))
+            idx.extend(e * width + slot for slot, _ in targets)
+        ce_hidden.append(prefix.hidden.flatten(0, 1)[torch.tensor(idx, dtype=torch.long, device=dev)])
+        if not latents_follow:
+            return None
+        ends = torch.tensor([p.rounds[0].ends_in_latent for p in plans], dtype=torch.bool)
+        ids = torch.where(ends, self.token_ids.latent_start, self.token_ids.pad)[:, None]
+        last, _ = rows.step(self.embed(ids.to(dev)), ends[:, None].to(dev))
+        return last[:, 0]
 
     # ---------------------------------------------------------------------------- reconstruction
     @property
@@ -577,6 +631,33 @@ class _ValueSlots:
         self.hidden = torch.cat(self._hidden)[sel]
         self.states = torch.cat(self._states)[sel] if self._states else None
         return self
+
+
+class _Prefix:
+    """The teacher's share of the student's first round: each row's shared prefix length (round 0 without its
+    closing `<|latent_start|>`; the whole row when no frame is latent), the keys and values of the first
+    max(lengths) positions, and the teacher's post-norm outputs [n, T, H] (round 0's CE hiddens)."""
+
+    def __init__(self, lengths: list[int], cache: DynamicCache, hidden: torch.Tensor):
+        self.lengths, self.cache, self.hidden = lengths, cache, hidden
+
+    @classmethod
+    def of(cls, plans: list[ExamplePlan], hidden: torch.Tensor, cache: DynamicCache) -> "_Prefix":
+        lengths = [len(p.rounds[0].tokens) - int(p.rounds[0].ends_in_latent) for p in plans]
+        width = max(lengths)
+        shared = DynamicCache()
+        for i, layer in enumerate(cache.layers):  # views: the student's later blocks concatenate, never write in place
+            shared.update(layer.keys[:, :, :width], layer.values[:, :, :width], i)
+        return cls(lengths, shared, hidden)
+
+
+def _has_active_dropout(module: nn.Module) -> bool:
+    """Whether `module`'s forward draws random numbers in training mode: a Dropout with p > 0 or an attention
+    dropout (config.attention_dropout) above 0."""
+    cfg = getattr(module, "config", None)
+    if cfg is not None and float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
+        return True
+    return any(isinstance(m, nn.Dropout) and m.p > 0 for m in module.modules())
 
 
 class _Out:

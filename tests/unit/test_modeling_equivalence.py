@@ -215,3 +215,13 @@ def test_grid_matches_oracle(seed, latent_steps):
         assert_equal_to_oracle(build(latent_steps, **kw), examples, ss_prob=0.5, seed=seed, latent_share=0.5)
     assert_equal_to_oracle(build(latent_steps, teacher=tiny_base(seed=9), kd_target="logit"), examples)
     assert_equal_to_oracle(build(latent_steps), examples, ss_prob=0.7, seed=seed)
+
+
+@pytest.mark.parametrize("latent_steps", [1, 3])
+def test_a_checkpointed_teacher_matches_oracle(latent_steps):
+    """codi.gradient_checkpointing: the teacher recomputed in backward, the student computing the shared prefix
+    itself (no reuse: a checkpointed layer keeps no cache). The other tests run the default, which reuses it."""
+    model = build(latent_steps, teacher_checkpointing=True, kd_norm="teacher_std")
+    assert not model._reuses_prefix()
+    assert_equal_to_oracle(model, mixed_batch(seed=8))
+    assert_equal_to_oracle(model, edge_batch(), ss_prob=1.0)
