@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
             if b == 0:
-                first[name] = {k: float(v) for k, v in out.items()}
+                first[name] = {k: float(v.detach()) for k, v in out.items()}
             if b >= args.warmup:
                 times[name].append(dt)
     base_rate = cfg.batch_size / statistics.median(times["checkpointed"])

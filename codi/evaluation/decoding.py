@@ -213,13 +213,17 @@ class _Decoder:
             choice: dict[int, int] = {}
             if need:
                 logits = self.head(hidden[need])[:, :self.vocab_size]  # (len(need), V)
-                for j, k in enumerate(need):
-                    node = rows[live[k]].node
-                    if node is not None:  # only tokens that continue one of the program's lines
-                        allowed = torch.tensor([tok for tok in node if tok != _LINE_END], device=dev)
-                        masked = torch.full_like(logits[j], float("-inf"))
-                        masked[allowed] = logits[j, allowed]
-                        logits[j] = masked
+                # Rows inside a constrained action: only tokens that continue one of the program's lines. One
+                # masked_fill for all of them (the kept logits are untouched, so the argmax is the per-row one's).
+                cells = [(j, tok) for j, k in enumerate(need) if (node := rows[live[k]].node) is not None
+                         for tok in node if tok != _LINE_END]
+                if cells:
+                    constrained = sorted({j for j, _ in cells})
+                    blocked = torch.zeros(logits.shape, dtype=torch.bool)
+                    blocked[constrained] = True
+                    r, c = zip(*cells)
+                    blocked[list(r), list(c)] = False
+                    logits = logits.masked_fill(blocked.to(dev), float("-inf"))
                 choice = dict(zip(need, logits.argmax(-1).tolist()))
             for k, b in enumerate(live):
                 self._advance(rows[b], choice.get(k))
