@@ -20,7 +20,8 @@ k, vocabulary V, and a causal context c (the mean over a sequence of T tokens is
     head       2hV
 Training is 3x the forward (the backward's two GEMMs per forward one), 4x with gradient checkpointing, which
 recomputes the forward. codi runs the teacher on the T tokens of prompt + explicit trace and the student on
-T / compression positions (metrics/eval.json's compression), both trained. Decoding is one forward per
+T / compression positions (metrics/eval.json's compression), both trained; where the student reuses the teacher's
+shared prefix (the default), only the positions after it, attending to it. Decoding is one forward per
 position: the prompt's prefill, then each generated one (the prompt length is the cache's mean,
 metrics/precompute.json).
 
@@ -145,6 +146,23 @@ def _json(path: Path) -> dict:
         raise SystemExit(f"error: {path} not found: run `dvc repro` (or `dvc pull`) first") from None
 
 
+def shared_prefix(cache: Path) -> float:
+    """Mean length of the student's shared prefix over the cache's train split: the prompt and the trace up to the
+    first LINE frame's `<|line_sep|>` (the whole example when it has no LINE frame)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    path = cache / "train.arrow"
+    if not path.is_file():
+        raise SystemExit(f"error: {path} not found: run `dvc repro` (or `dvc pull`) first")
+    with pa.memory_map(str(path)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    prompt = pc.list_value_length(table.column("prompt_ids")).to_pylist()
+    trace = pc.list_value_length(table.column("trace_ids")).to_pylist()
+    first = [s[0] + 1 if s else t for s, t in zip(table.column("span_starts").to_pylist(), trace)]
+    return sum(p + f for p, f in zip(prompt, first)) / max(len(prompt), 1)
+
+
 def stage_rows(args: argparse.Namespace, dims: Dims) -> list[Row]:
     params = load_params(args.params)
     metrics = args.metrics
@@ -166,10 +184,15 @@ def stage_rows(args: argparse.Namespace, dims: Dims) -> list[Row]:
 
     m, section = _json(metrics / "codi.json"), params.codi
     student = total / evaluation["compression"]
+    # The student computes only what follows the shared prefix when it reuses the teacher's (CodiModel._reuses_prefix:
+    # no checkpointed teacher, no frozen one; the default): its FLOPs are those positions, attending to all before.
+    shared = shared_prefix(args.cache) if not (section.gradient_checkpointing or section.frozen_teacher) else 0.0
+    own = student - shared
     per_example = (total * dims.forward_flops((total + 1) / 2)
-                   + student * dims.forward_flops((student + 1) / 2)) * train_factor(section)
-    rows.append(Row("codi", f"{m['examples_per_s']:.1f} examples/s, teacher {total:.0f} + student {student:.0f} "
-                    f"positions", int(section.batch_size * total), section.cpu_processes,
+                   + own * dims.forward_flops(shared + (own + 1) / 2)) * train_factor(section)
+    rows.append(Row("codi", f"{m['examples_per_s']:.1f} examples/s, teacher {total:.0f} + student {own:.0f} "
+                    f"positions" + (f" (after a shared prefix of {shared:.0f})" if shared else ""),
+                    int(section.batch_size * total), section.cpu_processes,
                     m["examples_per_s"] * per_example / 1e9, 0.0))
 
     for mode in params.evaluate.modes:
@@ -188,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "sft", help="a folder with config.json")
     parser.add_argument("--metrics", type=Path, default=ROOT / "metrics")
+    parser.add_argument("--cache", type=Path, default=ROOT / "data" / "cache", help="the precompute stage's cache "
+                        "(codi's shared prefix)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per roof; the best counts")
     parser.add_argument("--json", type=Path, help="write the table here too")
     args = parser.parse_args(argv)

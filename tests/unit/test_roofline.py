@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 
+import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -43,3 +44,16 @@ def test_missing_metrics_name_the_file_and_the_fix(tmp_path):
         raise AssertionError("no error")
     (tmp_path / "ok.json").write_text(json.dumps({"a": 1}))
     assert roofline._json(tmp_path / "ok.json") == {"a": 1}
+
+
+def test_the_shared_prefix_is_the_prompt_and_the_trace_up_to_the_first_line_sep(tmp_path):
+    import pyarrow as pa
+
+    table = pa.table({"prompt_ids": [[1, 2, 3], [4, 5]], "trace_ids": [[6, 7, 8, 9, 10], [11, 12, 13]],
+                      "span_starts": [[2, 4], []]})
+    with pa.OSFile(str(tmp_path / "train.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    # example 0: 3 prompt tokens + trace[:2 + 1]; example 1 has no LINE frame: all 2 + 3 of its tokens
+    assert roofline.shared_prefix(tmp_path) == ((3 + 3) + (2 + 3)) / 2
+    with pytest.raises(SystemExit, match="dvc repro"):
+        roofline.shared_prefix(tmp_path / "absent")
