@@ -5,16 +5,15 @@
     result.by_split["test"]["synthetic"]["latent"]["output_accuracy"]
     write_reports(result, cfg, metrics_dir, predictions, plots)     # codi.evaluation.report: the one writer
 
-`evaluate_mode` decodes one mode (codi.evaluation.decoding) and scores it (codi.evaluation.metrics). For the
-latent mode it also measures what the latents carry (codi.evaluation.probe): teacher-forced actions and the
-constant-latent ablation (`evaluate.ablate_latents`); the latent probe (`evaluate.probe_train_examples`) is a
-work unit of its own, since it decodes nothing. The units (each mode's decoding, the probe) share no state, so
-with `evaluate.processes` > 1 they run in that many spawned processes, longest first, each loading the model it
+The evaluation runs as units (`work_units`): every mode's free decoding, interleaved batch by batch so that each
+mode's time is measured under the same conditions (`decode_timed`); for the latent mode, the decoding with every
+action teacher-forced and the latent probe (codi.evaluation.probe); and, once the free latent decoding has given
+its mean latent, the constant-latent ablation (`evaluate.ablate_latents`) in as many parts as there are
+processes. With `evaluate.processes` > 1 the units run in that many spawned processes, each loading the models it
 needs: every accuracy, prediction and probe figure is the one a single process computes (the same examples,
-batches and kernels), and the stage's wall time is about that of its longest unit; but each mode's decoding time,
-and so the wall speedup, is then measured while other units load the machine (1, the shipped value, when the
-speedup is a figure to report). The stage `evaluate` (codi/stages/evaluate.py) and
-`python -m experiments.fresh_seed` both run this.
+batches and kernels). The timed unit then shares the machine with the others, but every mode alike, so the wall
+speedup compares like with like. The stage `evaluate` (codi/stages/evaluate.py) and `python -m
+experiments.fresh_seed` both run this.
 """
 
 from __future__ import annotations
@@ -98,6 +97,13 @@ def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path) -> Loade
     return LoadedMode(mode, load_causal_lm(path, torch.float32).eval(), tok)
 
 
+def mode_lines(loaded: LoadedMode, examples: list[dict[str, Any]], cfg: EvaluateConfig) -> list | None:
+    """Each example's program lines as token ids (constrained actions), or None (direct, or evaluate.constrain_actions off)."""
+    if not cfg.constrain_actions or loaded.mode == "direct":
+        return None
+    return [program_action_lines(loaded.tokenizer, e["program"]) for e in examples]
+
+
 def decode_mode(loaded: LoadedMode, examples: list[dict[str, Any]], cfg: EvaluateConfig, lines: list | None, *,
                 desc: str, forced: list | None = None, override=None) -> list:
     """Every example decoded by one mode (codi.evaluation.decoding.iter_decode), in order; `forced`: teacher-forced
@@ -165,76 +171,158 @@ class ModeResult:
         return sum(r["correct"] for r in self.rows) / max(len(self.rows), 1)
 
 
-def evaluate_mode(loaded: LoadedMode, examples: list[dict[str, Any]], cfg: EvaluateConfig, boot: Bootstrap
-                  ) -> ModeResult:
-    """Decode and score one mode; for latent also the forced-action diagnostics and the ablation."""
-    tok, mode = loaded.tokenizer, loaded.mode
-    t0 = time.time()
-    lines = ([program_action_lines(tok, e["program"]) for e in examples]
-             if cfg.constrain_actions and mode != "direct" else None)
-    results = decode_mode(loaded, examples, cfg, lines, desc=f"decode {mode}")
-    out = ModeResult(mode, score_mode(results, examples), [res.text for res in results], time.time() - t0)
-    print(f"evaluate {mode}: {len(examples)} examples in {out.seconds:.1f}s, output accuracy {out.accuracy:.3f}")
-    if mode != "latent":
-        return out
-    # what the latents lose: the same decoding with every action line teacher-forced
-    forced = score_mode(decode_mode(loaded, examples, cfg, lines, desc="latent, forced actions",
-                                    forced=[true_action_lines(tok, e["frames"]) for e in examples]), examples)
-    out.diagnostics = latent_diagnostics(forced, results, loaded.model.get_input_embeddings().weight[:len(tok)], boot)
-    print(f"evaluate latent with teacher-forced actions: output accuracy {out.diagnostics['forced_actions_accuracy']:.3f}")
-    if cfg.ablate_latents:  # what the latents carry: the same decoding with one constant latent input
-        fed = any(r.latent_count for r in results)  # none fed (no LINE frame written): nothing to replace
-        out.ablated_rows = score_mode(decode_mode(loaded, examples, cfg, lines, desc="latent, constant latents",
-                                                  override=mean_latent(results)), examples) if fed else out.rows
-        print(f"evaluate latent with constant latents: output accuracy "
-              f"{sum(r['correct'] for r in out.ablated_rows) / len(examples):.3f}")
-    return out
+@dataclass
+class LatentFeed:
+    """What the latent mode's free decoding hands the units after it: the constant of the ablation (None when no
+    latent was fed), and the statistics of the latents it fed (codi.evaluation.metrics.latent_diagnostics)."""
+
+    mean_latent: Any
+    norms: list[float]
+    cosines: list[float]
+    embedding_norm: float
+
+
+@dataclass
+class TimedDecodes:
+    """The timed unit's result: every mode's free decoding, and the latent mode's LatentFeed (None without it)."""
+
+    modes: dict[str, ModeResult]
+    latent: LatentFeed | None
+
+
+def decode_timed(modes: tuple[str, ...], examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path],
+                 cache_dir: Path) -> TimedDecodes:
+    """The free decoding of every mode, interleaved batch by batch (batch k of each mode, then batch k + 1), so that
+    whatever else loads the machine (the other units, other jobs) falls on every mode alike and no mode alone pays
+    the process's warm-up: the modes' times, and so the wall speedup, compare like with like. Each mode decodes the
+    same batches as it would alone, so its results are those of its own decode_mode."""
+    from tqdm.auto import tqdm
+
+    from codi.evaluation.decoding import decode
+
+    loaded = {m: load_mode_model(m, paths, cache_dir) for m in modes}
+    lines = {m: mode_lines(loaded[m], examples, cfg) for m in modes}
+    prompts = [e["prompt_ids"] for e in examples]
+    results: dict[str, list] = {m: [] for m in modes}
+    seconds = dict.fromkeys(modes, 0.0)
+    for s in tqdm(range(0, len(prompts), cfg.batch_size), desc="decode " + ", ".join(modes) + " (interleaved)",
+                  unit="batch"):
+        for m in modes:
+            one = loaded[m]
+            t0 = time.time()
+            results[m].extend(decode(m, one.model, one.tokenizer, prompts[s:s + cfg.batch_size], projector=one.projector,
+                                     latent_steps=one.latent_steps, max_new_tokens=cfg.max_new_tokens,
+                                     max_frames=cfg.max_frames, value_feedback=one.value_feedback,
+                                     action_lines=None if lines[m] is None else lines[m][s:s + cfg.batch_size]))
+            seconds[m] += time.time() - t0
+    out = {}
+    for m in modes:
+        out[m] = ModeResult(m, score_mode(results[m], examples), [r.text for r in results[m]], seconds[m])
+        print(f"evaluate {m}: {len(examples)} examples in {seconds[m]:.1f}s, output accuracy {out[m].accuracy:.3f}")
+    feed = None
+    if "latent" in modes:
+        fed = results["latent"]
+        tok = loaded["latent"].tokenizer
+        emb = loaded["latent"].model.get_input_embeddings().weight[:len(tok)]
+        feed = LatentFeed(mean_latent(fed) if any(r.latent_count for r in fed) else None,
+                          [r.latent_norm for r in fed if r.latent_norm is not None],
+                          [r.latent_cosine for r in fed if r.latent_cosine is not None],
+                          float(emb.detach().float().norm(dim=-1).mean()))
+    return TimedDecodes(out, feed)
 
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """An independent piece of the evaluation: one mode's decoding (`decode`), or the latent probe (`probe`)."""
+    """An independent piece of the evaluation: every mode's free decoding (`decode`, interleaved: `decode_timed`),
+    the latent decoding with teacher-forced actions (`forced`), part `part` of `parts` of the constant-latent
+    ablation (`constant`: it needs the free latent decoding's mean latent), or the latent probe (`probe`)."""
 
     kind: str
-    mode: str
+    modes: tuple[str, ...] = ("latent",)
+    part: int = 0
+    parts: int = 1
 
 
 def work_units(cfg: EvaluateConfig) -> list[WorkUnit]:
-    """The evaluation's units. In one process: evaluate.modes' order, the probe after the latent decodes (so each
-    mode is timed where it always was: the first one also pays the process's warm-up). In several: longest first
-    on the default (latent decodes three times: free, teacher-forced actions, constant latents; then explicit's
-    long traces, the probe's forced passes, direct's short answers), so that the workers end at about one time."""
-    probe = "latent" in cfg.modes and cfg.probe_train_examples > 0
-    if cfg.processes <= 1:
-        return [unit for mode in cfg.modes for unit in
-                [WorkUnit("decode", mode)] + ([WorkUnit("probe", mode)] if mode == "latent" and probe else [])]
-    decodes = [WorkUnit("decode", mode) for mode in ("latent", "explicit") if mode in cfg.modes]
-    rest = [WorkUnit("decode", mode) for mode in cfg.modes if mode not in ("latent", "explicit")]
-    return decodes + ([WorkUnit("probe", "latent")] if probe else []) + rest
+    """The units that need nothing from another, longest first: the timed decodes, then the latent mode's forced
+    actions and probe. The constant-latent ablation follows the timed unit (`ablation_units`)."""
+    units = [WorkUnit("decode", tuple(cfg.modes))]
+    if "latent" in cfg.modes:
+        units.append(WorkUnit("forced"))
+        if cfg.probe_train_examples > 0:
+            units.append(WorkUnit("probe"))
+    return units
+
+
+def ablation_units(cfg: EvaluateConfig, n_examples: int) -> list[WorkUnit]:
+    """The constant-latent ablation in as many parts as there are processes (each a run of whole batches, so that
+    every part decodes the batches the whole would): none without the latent mode or evaluate.ablate_latents."""
+    if "latent" not in cfg.modes or not cfg.ablate_latents:
+        return []
+    parts = max(1, min(cfg.processes, -(-n_examples // cfg.batch_size)))
+    return [WorkUnit("constant", ("latent",), k, parts) for k in range(parts)]
+
+
+def part_slice(part: int, parts: int, n_examples: int, batch_size: int) -> slice:
+    """Examples of part `part` of `parts`: consecutive whole batches, the parts as even as batches allow."""
+    batches = -(-n_examples // batch_size)
+    lo, hi = (batches * part) // parts, (batches * (part + 1)) // parts
+    return slice(lo * batch_size, min(hi * batch_size, n_examples))
 
 
 def run_unit(unit: WorkUnit, examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path],
-             cache_dir: Path, boot: Bootstrap) -> ModeResult | dict[str, Any] | None:
-    """One unit, in this process: a decode's ModeResult, or the probe's report."""
-    loaded = load_mode_model(unit.mode, paths, cache_dir)
+             cache_dir: Path, boot: Bootstrap, override=None) -> Any:
+    """One unit, in this process: TimedDecodes, the forced rows, a part's ablated rows, or the probe's report."""
+    if unit.kind == "decode":
+        return decode_timed(unit.modes, examples, cfg, paths, cache_dir)
+    loaded = load_mode_model("latent", paths, cache_dir)
     if unit.kind == "probe":
         return latent_probe(loaded, examples, cache_dir, cfg)
-    return evaluate_mode(loaded, examples, cfg, boot)
+    if unit.kind == "forced":
+        tok = loaded.tokenizer
+        rows = score_mode(decode_mode(loaded, examples, cfg, mode_lines(loaded, examples, cfg),
+                                      desc="latent, forced actions",
+                                      forced=[true_action_lines(tok, e["frames"]) for e in examples]), examples)
+        print(f"evaluate latent with teacher-forced actions: output accuracy "
+              f"{sum(r['correct'] for r in rows) / max(len(rows), 1):.3f}")
+        return rows
+    if unit.kind == "constant":
+        part = examples[part_slice(unit.part, unit.parts, len(examples), cfg.batch_size)]
+        return score_mode(decode_mode(loaded, part, cfg, mode_lines(loaded, part, cfg),
+                                      desc=f"latent, constant latents ({unit.part + 1}/{unit.parts})",
+                                      override=override), part)
+    raise ValueError(f"unknown work unit {unit!r}")
 
 
-def run_units(units: list[WorkUnit], examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path],
-              cache_dir: Path, boot: Bootstrap) -> dict[WorkUnit, Any]:
+def run_units(examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path], cache_dir: Path,
+              boot: Bootstrap) -> dict[WorkUnit, Any]:
     """Every unit's result: in this process (evaluate.processes 1), or in a pool of spawned processes (each with
-    evaluate.torch_threads threads; the CPU kernel pins reach them through the environment)."""
-    workers = min(cfg.processes, len(units))
-    if workers <= 1:
-        return {unit: run_unit(unit, examples, cfg, paths, cache_dir, boot) for unit in units}
+    evaluate.torch_threads threads; the CPU kernel pins reach them through the environment). The ablation's parts
+    are submitted when the timed unit has given their constant, and take the processes that are free then."""
+    units = work_units(cfg)
     for unit in units:  # a missing model is said at once, before any process starts
-        mode_folder(unit.mode, paths)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=set_threads,
+        for mode in unit.modes:
+            mode_folder(mode, paths)
+
+    def then_ablation(done: dict[WorkUnit, Any]) -> tuple[list[WorkUnit], Any]:
+        feed = done[units[0]].latent
+        if feed is None or feed.mean_latent is None:  # no latent mode, or none fed: nothing to replace
+            return [], None
+        return ablation_units(cfg, len(examples)), feed.mean_latent
+
+    if cfg.processes <= 1:
+        done = {unit: run_unit(unit, examples, cfg, paths, cache_dir, boot) for unit in units}
+        more, override = then_ablation(done)
+        done.update({unit: run_unit(unit, examples, cfg, paths, cache_dir, boot, override) for unit in more})
+        return done
+    with ProcessPoolExecutor(cfg.processes, mp_context=multiprocessing.get_context("spawn"), initializer=set_threads,
                              initargs=(cfg.torch_threads,)) as pool:
         futures = {unit: pool.submit(run_unit, unit, examples, cfg, paths, cache_dir, boot) for unit in units}
         try:
+            done = {units[0]: futures[units[0]].result()}
+            more, override = then_ablation(done)
+            futures.update({unit: pool.submit(run_unit, unit, examples, cfg, paths, cache_dir, boot, override)
+                            for unit in more})
             return {unit: future.result() for unit, future in futures.items()}
         except BaseException:  # a unit's error (raised here as it was there): start no other unit
             for future in futures.values():
@@ -279,10 +367,20 @@ def evaluate(examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[st
     if not examples:
         raise ConfigError(f"evaluate.splits = {cfg.splits}: no examples in {cache_dir} for these splits")
     boot = Bootstrap(cfg.bootstrap_samples, cfg.bootstrap_seed, cfg.ci_level)
-    done = run_units(work_units(cfg), examples, cfg, paths, cache_dir, boot)
-    modes: dict[str, ModeResult] = {mode: done[WorkUnit("decode", mode)] for mode in cfg.modes}
-    if WorkUnit("probe", "latent") in done:
-        modes["latent"].probe = done[WorkUnit("probe", "latent")]
+    done = run_units(examples, cfg, paths, cache_dir, boot)
+    timed: TimedDecodes = done[WorkUnit("decode", tuple(cfg.modes))]
+    modes: dict[str, ModeResult] = timed.modes
+    if "latent" in modes:
+        latent = modes["latent"]
+        forced = done[WorkUnit("forced")]
+        feed = timed.latent
+        latent.diagnostics = latent_diagnostics(forced, feed.norms, feed.cosines, feed.embedding_norm, boot)
+        parts = sorted((u for u in done if u.kind == "constant"), key=lambda u: u.part)
+        if cfg.ablate_latents:  # none fed (no LINE frame written): nothing to replace, the rows are latent's own
+            latent.ablated_rows = [r for u in parts for r in done[u]] if parts else latent.rows
+            print(f"evaluate latent with constant latents: output accuracy "
+                  f"{sum(r['correct'] for r in latent.ablated_rows) / len(examples):.3f}")
+        latent.probe = done.get(WorkUnit("probe"))
     rows = [r for m in modes.values() for r in m.rows]
     split_names = list(dict.fromkeys(r["split"] for r in rows))
     latent = modes.get("latent")

@@ -243,26 +243,25 @@ def summarize(rows: Sequence[dict[str, Any]], bootstrap: Bootstrap | None = None
     return _by_mode(frame, bootstrap), {str(s): _by_mode(g, bootstrap) for s, g in frame.groupby("source")}
 
 
-def latent_diagnostics(forced_rows: Sequence[dict[str, Any]], latent_results: Sequence[Any],
-                       embeddings: Any, boot: Bootstrap) -> dict[str, Any]:
+def latent_diagnostics(forced_rows: Sequence[dict[str, Any]], norms: Sequence[float], cosines: Sequence[float],
+                       embedding_norm: float, boot: Bootstrap) -> dict[str, Any]:
     """What the latent mode loses, beyond its accuracy:
     - forced_actions_accuracy: output accuracy of the latent decoder with every action line teacher-forced
       (`forced_rows`, scored latent rows): above the plain latent accuracy by what wrong lines cost, below
       the explicit accuracy by what the latents lose of the state;
-    - latent_norm against embedding_norm: mean L2 norm of the latent input vectors against the mean norm of the
-      token embedding rows (`embeddings` [V, H]): latents far off the embedding scale are out of distribution;
-    - latent_block_cosine: mean cosine similarity between an example's latent blocks (SIM-CoT's collapse
+    - latent_norm against embedding_norm: mean L2 norm of the latent input vectors (`norms`, one per example that
+      fed latents) against the mean norm of the token embedding rows: latents far off the embedding scale are out
+      of distribution;
+    - latent_block_cosine: mean cosine similarity between an example's latent blocks (`cosines`; SIM-CoT's collapse
       signature: near 1 when every block holds the same vector)."""
     frame = scores_frame(forced_rows)
     ci = bootstrap_intervals(frame, boot).get("latent", {}).get("output_accuracy")
-    norms = [r.latent_norm for r in latent_results if r.latent_norm is not None]
-    cosines = [r.latent_cosine for r in latent_results if r.latent_cosine is not None]
     acc = float(frame["correct"].mean())
     out: dict[str, Any] = {"forced_actions_accuracy": round(acc, 4)}
     if ci is not None:
         out["forced_actions_accuracy_lo"], out["forced_actions_accuracy_hi"] = (round(v, 4) for v in ci)
     out["latent_norm"] = round(float(np.mean(norms)), 4) if norms else None
-    out["embedding_norm"] = round(float(embeddings.detach().float().norm(dim=-1).mean()), 4)
+    out["embedding_norm"] = round(float(embedding_norm), 4)
     out["latent_block_cosine"] = round(float(np.mean(cosines)), 4) if cosines else None
     return out
 

@@ -22,11 +22,11 @@ class EvaluateConfig:
     constrain_actions: bool = option("explicit/latent: after <|action_sep|> write only one of the program's "
                                      "lines (the model still picks which); false = free decoding")
     torch_threads: int = option("torch intra-op threads on CPU; 0 = torch's default", ge=0)
-    processes: int = option("processes the evaluation's independent units (each mode's decoding, the latent probe) "
-                            "run in, each with torch_threads threads; 1 = all in the stage's process. Every accuracy "
-                            "is the same either way; each mode's time, and so the wall speedup, is measured while the "
-                            "other units load the machine (on 2 cores the speedup moved from 1.26x to 0.95x on val)",
-                            ge=1)
+    processes: int = option("processes the evaluation's units (the modes' interleaved decoding; latent's forced "
+                            "actions, probe and constant-latent ablation) run in, each with torch_threads threads; 1 = "
+                            "all in the stage's process. Every accuracy and probe figure is the same either way; the "
+                            "modes are timed batch by batch together, so the wall speedup compares them under the "
+                            "same load either way", ge=1)
     bootstrap_samples: int = option("resamples of the percentile bootstrap over problems behind every interval", ge=100)
     bootstrap_seed: int = option("seed of the bootstrap (fixed: a rerun gives the same intervals)")
     ci_level: float = option("confidence level of the intervals", gt=0.5, lt=1.0)

@@ -142,18 +142,10 @@ def test_per_difficulty_groups_graded_rows_by_level_and_leaves_ungraded_out():
 
 
 def test_latent_diagnostics():
-    import torch
-
-    @dataclass
-    class Res:
-        latent_norm: float | None
-        latent_cosine: float | None
-
     right = Pred("latent", _latent(TRUTH), "2")
     rows = [score_example(right, TRUTH, example_id=f"e{k}") for k in range(3)] + \
         [score_example(Pred("latent", _latent(TRUTH), "9"), TRUTH, example_id="e3")]
-    d = latent_diagnostics(rows, [Res(2.0, 0.5), Res(4.0, None), Res(None, None)], torch.full((5, 4), 0.5),
-                           Bootstrap(300, 0))
+    d = latent_diagnostics(rows, [2.0, 4.0], [0.5], 1.0, Bootstrap(300, 0))
     assert d["forced_actions_accuracy"] == 0.75 and 0.0 <= d["forced_actions_accuracy_lo"] <= 0.75 <= d["forced_actions_accuracy_hi"]
     assert (d["latent_norm"], d["embedding_norm"], d["latent_block_cosine"]) == (3.0, 1.0, 0.5)
     json.dumps(d)
