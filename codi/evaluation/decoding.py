@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from codi.data.answers import parse_direct
 from codi.modeling.latent import latent_input, value_feedback
@@ -121,6 +122,58 @@ def true_action_lines(tokenizer, frames: Sequence[Frame]) -> list[list[int]]:
     return _action_ids(tokenizer, [f.source_line for f in frames])
 
 
+class GrowingLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values live in storage grown a chunk of slots at a time: a decoding step writes
+    its one slot in place, where DynamicLayer concatenates (copies) the whole cache at every step and layer. `keys`
+    and `values` are views of the filled slots, the same numbers DynamicLayer would hold."""
+
+    CHUNK = 64
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self._length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, end = key_states.shape[-2], self._length + key_states.shape[-2]
+        if self._keys is None or end > self._keys.shape[-2]:
+            grown = []
+            for old, new in ((self._keys, key_states), (self._values, value_states)):
+                b, h, _, d = new.shape
+                store = new.new_empty(b, h, end + self.CHUNK, d)
+                if old is not None and self._length:
+                    store[:, :, :self._length] = old[:, :, :self._length]
+                grown.append(store)
+            self._keys, self._values = grown
+        self._keys[:, :, self._length:end] = key_states
+        self._values[:, :, self._length:end] = value_states
+        self._length = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._length if self.is_initialized else 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.get_seq_length() > 0:
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self.keys, self.values = self._keys[:, :, :self._length], self._values[:, :, :self._length]
+
+
+def decoding_cache(model: nn.Module) -> DynamicCache:
+    """The KV cache of one decoding batch: the model's own layer types (DynamicCache(config)), with every plain
+    DynamicLayer a GrowingLayer (sliding-window and other special layers are kept as they are)."""
+    cache = DynamicCache(config=model.config) if hasattr(model, "config") else DynamicCache()
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
+        cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
 class _Decoder:
     """One batch: prefill, then one model call per step until every row stops."""
 
@@ -200,7 +253,7 @@ class _Decoder:
         tokens, mask = tokens.to(dev), mask.to(dev)
         positions = (mask.cumsum(1) - 1).clamp(min=0)  # (n, width)
         next_pos = mask.sum(1)  # (n,) position of each row's next input
-        cache = DynamicCache(config=self.model.config) if hasattr(self.model, "config") else DynamicCache()
+        cache = decoding_cache(self.model)
 
         t0 = time.perf_counter()
         out = self.body(inputs_embeds=self.embed(tokens), attention_mask=mask, position_ids=positions,

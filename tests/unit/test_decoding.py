@@ -582,3 +582,28 @@ def test_decoded_latent_results_carry_their_statistics(setup):
     assert r.latent_blocks >= 2 and r.latent_norm > 0 and -1.0 <= r.latent_cosine <= 1.0
     (e,) = decode("explicit", setup["trained"], setup["tok"], setup["prompts"][1:2], max_new_tokens=400, max_frames=64)
     assert e.latent_norm is None and e.latent_cosine is None
+
+
+def test_the_growing_cache_layer_holds_what_dynamic_layer_holds():
+    """decoding.GrowingLayer writes each step in place into chunked storage; its keys and values, after prefills,
+    single steps across chunk boundaries and a batch selection, equal DynamicLayer's concatenated ones."""
+    from transformers import Qwen2Config
+    from transformers.cache_utils import DynamicLayer
+
+    from codi.evaluation.decoding import GrowingLayer, decoding_cache
+
+    gen = torch.Generator().manual_seed(0)
+    grow, ref = GrowingLayer(), DynamicLayer()
+    assert grow.get_seq_length() == 0
+    for n in [5, 1, 1, 70, 1, 3] + [1] * 60:
+        k, v = torch.randn(3, 2, n, 4, generator=gen), torch.randn(3, 2, n, 4, generator=gen)
+        gk, gv = grow.update(k, v)
+        rk, rv = ref.update(k, v)
+        assert torch.equal(gk, rk) and torch.equal(gv, rv) and grow.get_seq_length() == ref.get_seq_length()
+    keep = torch.tensor([0, 2])
+    grow.batch_select_indices(keep)
+    ref.batch_select_indices(keep)
+    k, v = torch.randn(2, 2, 1, 4, generator=gen), torch.randn(2, 2, 1, 4, generator=gen)
+    assert all(torch.equal(a, b) for a, b in zip(grow.update(k, v), ref.update(k, v)))
+    cache = decoding_cache(type("M", (), {"config": Qwen2Config(num_hidden_layers=2)})())
+    assert all(isinstance(layer, GrowingLayer) for layer in cache.layers) and len(cache.layers) == 2
