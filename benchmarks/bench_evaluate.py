@@ -2,6 +2,11 @@
 
     python benchmarks/bench_evaluate.py                            # the committed models and cache, 1 vs 2 processes
     python benchmarks/bench_evaluate.py --processes 1 2 --max-examples 100
+    python benchmarks/bench_evaluate.py --baseline 155b3dc --processes 2   # an earlier commit's stage first, as it shipped
+
+`--baseline REV` runs the stage first with the code and params.yaml of git revision REV (a temporary `git worktree`),
+on the same models and cache, as the row everything is compared with: the stage before and after a change, in one
+run.
 
 Each setting runs the whole stage (`python -m codi evaluate`, as `dvc repro` does: process start, model loads, every
 mode's decoding, the ablation, the probe, the reports) on the same models and cache, into a folder of its own, with
@@ -36,18 +41,21 @@ def without_times(data):
     return [without_times(v) for v in data] if isinstance(data, list) else data
 
 
-def run_stage(params: dict, processes: int, max_examples: int | None, out: Path) -> float:
-    """The stage's wall time (s), its outputs in `out`."""
-    params = {**params, "evaluate": {**params["evaluate"], "processes": processes}}
+def run_stage(params: dict, processes: int | None, max_examples: int | None, out: Path, code: Path = ROOT) -> float:
+    """The stage's wall time (s), its outputs in `out`; `code`: the checkout whose stage runs (on ROOT's models and
+    cache); `processes` None keeps params' own."""
+    if processes is not None:
+        params = {**params, "evaluate": {**params["evaluate"], "processes": processes}}
     if max_examples is not None:
         params["evaluate"]["max_examples"] = max_examples
     out.mkdir(parents=True)
     (out / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    cmd = [sys.executable, "-m", "codi", "--params", str(out / "params.yaml"), "evaluate", "--cache", "data/cache",
-           "--sft", "models/sft", "--codi", "models/codi", "--direct", "models/sft_direct", "--metrics",
-           str(out / "metrics"), "--predictions", str(out / "predictions.parquet"), "--plots", str(out / "plots")]
+    cmd = [sys.executable, "-m", "codi", "--params", str(out / "params.yaml"), "evaluate", "--cache",
+           str(ROOT / "data/cache"), "--sft", str(ROOT / "models/sft"), "--codi", str(ROOT / "models/codi"), "--direct",
+           str(ROOT / "models/sft_direct"), "--metrics", str(out / "metrics"), "--predictions",
+           str(out / "predictions.parquet"), "--plots", str(out / "plots")]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=code, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if done.returncode:
         raise SystemExit(f"error: {' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -66,23 +74,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="settings; the first is the baseline")
     parser.add_argument("--max-examples", type=int, help="examples per split (default: params.yaml's)")
+    parser.add_argument("--baseline", metavar="REV", help="first run the stage of this git revision, as it shipped")
     args = parser.parse_args(argv)
     params = yaml.safe_load(args.params.read_text())
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
+        if args.baseline:
+            tree = Path(tmp) / "baseline"
+            subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.baseline], cwd=ROOT, check=True,
+                           capture_output=True)
+            try:
+                old = yaml.safe_load((tree / "params.yaml").read_text())
+                n_old = old["evaluate"].get("processes", 1)
+                label = f"{args.baseline} (its params: processes {n_old})"
+                print(f"evaluate as of {label} ...", flush=True)
+                out = Path(tmp) / "base"
+                rows.append((label, out, run_stage(old, None, args.max_examples, out, code=tree), figures(out)))
+            finally:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
         for n in args.processes:
             out = Path(tmp) / f"p{n}"
             print(f"evaluate with evaluate.processes {n} ...", flush=True)
-            rows.append((n, run_stage(params, n, args.max_examples, out), figures(out)))
-        base_seconds, (base_metrics, base_predictions) = rows[0][1], rows[0][2]
-        print("| evaluate.processes | wall s | vs the first | every figure equal to the first's | wall speedup "
+            rows.append((f"this checkout, processes {n}", out, run_stage(params, n, args.max_examples, out), figures(out)))
+        base_seconds, (base_metrics, base_predictions) = rows[0][2], rows[0][3]
+        print("| stage | wall s | vs the first | every figure equal to the first's | wall speedup "
               "latent vs explicit (test; val) |")
         print("|---|---|---|---|---|")
-        for n, seconds, (metrics, predictions) in rows:
+        for label, out, seconds, (metrics, predictions) in rows:
             same = metrics == base_metrics and predictions.equals(base_predictions)
-            by_split = json.loads((Path(tmp) / f"p{n}" / "metrics" / "eval_by_split.json").read_text())
+            by_split = json.loads((out / "metrics" / "eval_by_split.json").read_text())
             speedups = "; ".join(f"{by_split[s]['all'].get('speedup')}x" for s in ("test", "val") if s in by_split)
-            print(f"| {n} | {seconds:.1f} | {seconds / base_seconds:.2f}x | {'yes' if same else 'NO'} | {speedups} |")
+            print(f"| {label} | {seconds:.1f} | {seconds / base_seconds:.2f}x | {'yes' if same else 'NO'} | {speedups} |")
 
 
 if __name__ == "__main__":
