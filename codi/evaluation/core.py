@@ -5,15 +5,14 @@
     result.by_split["test"]["synthetic"]["latent"]["output_accuracy"]
     write_reports(result, cfg, metrics_dir, predictions, plots)     # codi.evaluation.report: the one writer
 
-The evaluation runs as units (`work_units`): every mode's free decoding, interleaved batch by batch so that each
-mode's time is measured under the same conditions (`decode_timed`); for the latent mode, the decoding with every
-action teacher-forced and the latent probe (codi.evaluation.probe); and, once the free latent decoding has given
-its mean latent, the constant-latent ablation (`evaluate.ablate_latents`) in as many parts as there are
-processes. With `evaluate.processes` > 1 the units run in that many spawned processes, each loading the models it
-needs: every accuracy, prediction and probe figure is the one a single process computes (the same examples,
-batches and kernels). The timed unit then shares the machine with the others, but every mode alike, so the wall
-speedup compares like with like. The stage `evaluate` (codi/stages/evaluate.py) and `python -m
-experiments.fresh_seed` both run this.
+The evaluation runs as units (`work_units`): explicit's and latent's free decoding, interleaved batch by batch so
+that the two are timed under the same conditions (`decode_timed`: the wall speedup compares them); for the latent
+mode, the decoding with every action teacher-forced and the latent probe (codi.evaluation.probe); direct's
+decoding; and, once the free latent decoding has given its mean latent, the constant-latent ablation
+(`evaluate.ablate_latents`) in up to one part per process, balanced by cost. With `evaluate.processes` > 1 the
+units run in that many spawned processes, each loading the models it needs: every accuracy, prediction and probe
+figure is the one a single process computes (the same examples, batches and kernels). The stage `evaluate`
+(codi/stages/evaluate.py) and `python -m experiments.fresh_seed` both run this.
 """
 
 from __future__ import annotations
@@ -180,6 +179,7 @@ class LatentFeed:
     norms: list[float]
     cosines: list[float]
     embedding_norm: float
+    positions: list[int]  # generated positions per example: what a batch of the ablation will cost, roughly
 
 
 @dataclass
@@ -192,7 +192,7 @@ class TimedDecodes:
 
 def decode_timed(modes: tuple[str, ...], examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path],
                  cache_dir: Path) -> TimedDecodes:
-    """The free decoding of every mode, interleaved batch by batch (batch k of each mode, then batch k + 1), so that
+    """The free decoding of `modes`, interleaved batch by batch (batch k of each mode, then batch k + 1), so that
     whatever else loads the machine (the other units, other jobs) falls on every mode alike and no mode alone pays
     the process's warm-up: the modes' times, and so the wall speedup, compare like with like. Each mode decodes the
     same batches as it would alone, so its results are those of its own decode_mode."""
@@ -227,47 +227,68 @@ def decode_timed(modes: tuple[str, ...], examples: list[dict[str, Any]], cfg: Ev
         feed = LatentFeed(mean_latent(fed) if any(r.latent_count for r in fed) else None,
                           [r.latent_norm for r in fed if r.latent_norm is not None],
                           [r.latent_cosine for r in fed if r.latent_cosine is not None],
-                          float(emb.detach().float().norm(dim=-1).mean()))
+                          float(emb.detach().float().norm(dim=-1).mean()), [r.positions for r in fed])
     return TimedDecodes(out, feed)
 
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """An independent piece of the evaluation: every mode's free decoding (`decode`, interleaved: `decode_timed`),
-    the latent decoding with teacher-forced actions (`forced`), part `part` of `parts` of the constant-latent
-    ablation (`constant`: it needs the free latent decoding's mean latent), or the latent probe (`probe`)."""
+    """An independent piece of the evaluation: modes' free decoding (`decode`; several modes interleaved,
+    `decode_timed`), the latent decoding with teacher-forced actions (`forced`), the examples [start, stop) of the
+    constant-latent ablation (`constant`: it needs the free latent decoding's mean latent), or the latent probe
+    (`probe`)."""
 
     kind: str
     modes: tuple[str, ...] = ("latent",)
-    part: int = 0
-    parts: int = 1
+    start: int = 0
+    stop: int = 0
+
+
+TIMED_MODES = ("explicit", "latent")  # the wall speedup compares these two: they are decoded interleaved
 
 
 def work_units(cfg: EvaluateConfig) -> list[WorkUnit]:
-    """The units that need nothing from another, longest first: the timed decodes, then the latent mode's forced
-    actions and probe. The constant-latent ablation follows the timed unit (`ablation_units`)."""
-    units = [WorkUnit("decode", tuple(cfg.modes))]
+    """The units that need nothing from another, longest first: explicit's and latent's decoding, interleaved (the
+    speedup compares them), then latent's forced actions and probe, then the other modes (direct's short answers).
+    The constant-latent ablation follows the latent decoding (`ablation_units`)."""
+    timed = tuple(m for m in cfg.modes if m in TIMED_MODES)
+    units = [WorkUnit("decode", timed)] if timed else []
     if "latent" in cfg.modes:
         units.append(WorkUnit("forced"))
         if cfg.probe_train_examples > 0:
             units.append(WorkUnit("probe"))
-    return units
+    return units + [WorkUnit("decode", (m,)) for m in cfg.modes if m not in TIMED_MODES]
 
 
-def ablation_units(cfg: EvaluateConfig, n_examples: int) -> list[WorkUnit]:
-    """The constant-latent ablation in as many parts as there are processes (each a run of whole batches, so that
-    every part decodes the batches the whole would): none without the latent mode or evaluate.ablate_latents."""
-    if "latent" not in cfg.modes or not cfg.ablate_latents:
+def ablation_units(cfg: EvaluateConfig, positions: list[int]) -> list[WorkUnit]:
+    """The constant-latent ablation in up to evaluate.processes parts, each a run of whole batches (so that every
+    part decodes the batches the whole would), balanced by what the free latent decoding of those batches cost
+    (`positions`, generated positions per example): none without the latent mode or evaluate.ablate_latents."""
+    if "latent" not in cfg.modes or not cfg.ablate_latents or not positions:
         return []
-    parts = max(1, min(cfg.processes, -(-n_examples // cfg.batch_size)))
-    return [WorkUnit("constant", ("latent",), k, parts) for k in range(parts)]
+    bs = cfg.batch_size
+    costs = [sum(positions[b:b + bs]) for b in range(0, len(positions), bs)]
+    bounds = balanced_bounds(costs, min(cfg.processes, len(costs)))
+    return [WorkUnit("constant", ("latent",), lo * bs, min(hi * bs, len(positions)))
+            for lo, hi in zip(bounds, bounds[1:])]
 
 
-def part_slice(part: int, parts: int, n_examples: int, batch_size: int) -> slice:
-    """Examples of part `part` of `parts`: consecutive whole batches, the parts as even as batches allow."""
-    batches = -(-n_examples // batch_size)
-    lo, hi = (batches * part) // parts, (batches * (part + 1)) // parts
-    return slice(lo * batch_size, min(hi * batch_size, n_examples))
+def balanced_bounds(costs: list[float], parts: int) -> list[int]:
+    """Boundaries 0 = b_0 < b_1 < ... < b_k = len(costs) that cut `costs` into k <= `parts` non-empty consecutive
+    runs, each cut where the running total comes nearest to its share of the whole."""
+    total, n = float(sum(costs)), len(costs)
+    bounds, running = [0], 0.0
+    for k in range(1, parts):
+        target = total * k / parts
+        cut = bounds[-1] + 1  # at least one batch per part
+        running = sum(costs[:cut])
+        while cut < n - (parts - k) and abs(running + costs[cut] - target) <= abs(running - target):
+            running += costs[cut]
+            cut += 1
+        if cut >= n:
+            break
+        bounds.append(cut)
+    return bounds + [n]
 
 
 def run_unit(unit: WorkUnit, examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[str, Path],
@@ -287,9 +308,9 @@ def run_unit(unit: WorkUnit, examples: list[dict[str, Any]], cfg: EvaluateConfig
               f"{sum(r['correct'] for r in rows) / max(len(rows), 1):.3f}")
         return rows
     if unit.kind == "constant":
-        part = examples[part_slice(unit.part, unit.parts, len(examples), cfg.batch_size)]
+        part = examples[unit.start:unit.stop]
         return score_mode(decode_mode(loaded, part, cfg, mode_lines(loaded, part, cfg),
-                                      desc=f"latent, constant latents ({unit.part + 1}/{unit.parts})",
+                                      desc=f"latent, constant latents (examples {unit.start}-{unit.stop - 1})",
                                       override=override), part)
     raise ValueError(f"unknown work unit {unit!r}")
 
@@ -305,10 +326,10 @@ def run_units(examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[s
             mode_folder(mode, paths)
 
     def then_ablation(done: dict[WorkUnit, Any]) -> tuple[list[WorkUnit], Any]:
-        feed = done[units[0]].latent
+        feed = done[units[0]].latent if units[0].kind == "decode" else None
         if feed is None or feed.mean_latent is None:  # no latent mode, or none fed: nothing to replace
             return [], None
-        return ablation_units(cfg, len(examples)), feed.mean_latent
+        return ablation_units(cfg, feed.positions), feed.mean_latent
 
     if cfg.processes <= 1:
         done = {unit: run_unit(unit, examples, cfg, paths, cache_dir, boot) for unit in units}
@@ -368,14 +389,14 @@ def evaluate(examples: list[dict[str, Any]], cfg: EvaluateConfig, paths: dict[st
         raise ConfigError(f"evaluate.splits = {cfg.splits}: no examples in {cache_dir} for these splits")
     boot = Bootstrap(cfg.bootstrap_samples, cfg.bootstrap_seed, cfg.ci_level)
     done = run_units(examples, cfg, paths, cache_dir, boot)
-    timed: TimedDecodes = done[WorkUnit("decode", tuple(cfg.modes))]
-    modes: dict[str, ModeResult] = timed.modes
+    decoded = {m: r for u in done if u.kind == "decode" for m, r in done[u].modes.items()}
+    modes: dict[str, ModeResult] = {m: decoded[m] for m in cfg.modes}
     if "latent" in modes:
         latent = modes["latent"]
         forced = done[WorkUnit("forced")]
-        feed = timed.latent
+        feed = next(done[u].latent for u in done if u.kind == "decode" and "latent" in u.modes)
         latent.diagnostics = latent_diagnostics(forced, feed.norms, feed.cosines, feed.embedding_norm, boot)
-        parts = sorted((u for u in done if u.kind == "constant"), key=lambda u: u.part)
+        parts = sorted((u for u in done if u.kind == "constant"), key=lambda u: u.start)
         if cfg.ablate_latents:  # none fed (no LINE frame written): nothing to replace, the rows are latent's own
             latent.ablated_rows = [r for u in parts for r in done[u]] if parts else latent.rows
             print(f"evaluate latent with constant latents: output accuracy "
