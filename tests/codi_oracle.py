@@ -305,3 +305,15 @@ def latent_block(rows: PaddedRows, projector: nn.Module, embed: nn.Module, laten
     h = token_block(latent_start)
     latent_recurrence(rows, projector, h, steps, active)
     return token_block(latent_end)
+
+
+def batch_with_values(frames=(2, 3, 1), seed=0) -> list[dict]:
+    """make_example batches whose spans carry a `value_pos` (the value options' contract): the token after each
+    span's `<|line_sep|>` with probability 0.8, else -1."""
+    rng = random.Random(seed)
+    out = []
+    for n in frames:
+        ex = make_example(rng, n)
+        ex["value_pos"] = [i + 1 if rng.random() < 0.8 else -1 for i, _ in ex["spans"]]
+        out.append(ex)
+    return out

@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.codi_oracle import TOKEN_IDS, codi_model, make_example, tiny_base  # noqa: E402
+from tests.codi_oracle import TOKEN_IDS, batch_with_values, codi_model, tiny_base  # noqa: E402
 
 torch.set_num_threads(1)
 W = dict(teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0)
@@ -22,13 +22,7 @@ KEYS = ("loss", "teacher_loss", "student_loss", "kd_loss", "recon_loss", "value_
 
 
 def batch(seed=0, frames=(1, 3, 2, 4)):
-    rng = random.Random(seed)
-    out = []
-    for n in frames:
-        ex = make_example(rng, n)
-        ex["value_pos"] = [i + 1 if rng.random() < 0.8 else -1 for i, _ in ex["spans"]]
-        out.append(ex)
-    return out
+    return batch_with_values(frames, seed)
 
 
 def counted(model):

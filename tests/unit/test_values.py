@@ -12,7 +12,7 @@ from codi.data.values import assigned_name, assigned_values, token_starts, value
 from codi.infra.config import ConfigError
 from codi.modeling.base_model import train_tiny_tokenizer
 from codi.tracing.format import Frame, encode_locals, encode_value, locals_offsets, render_prompt, render_trace
-from tests.codi_oracle import TOKEN_IDS, codi_model, make_example, tiny_base
+from tests.codi_oracle import TOKEN_IDS, batch_with_values, codi_model, make_example, tiny_base
 from tests.tiny import shipped
 
 torch.set_num_threads(1)
@@ -90,16 +90,6 @@ def test_tokens_that_do_not_spell_the_text_give_no_slots(tok):
 
 # ----------------------------------------------------------------------------------- the levers
 W = dict(teacher_ce_weight=1.0, student_ce_weight=1.0, kd_weight=1.0)
-
-
-def batch_with_values(frames=(2, 3, 1), seed=0):
-    rng = random.Random(seed)
-    out = []
-    for n in frames:
-        ex = make_example(rng, n)
-        ex["value_pos"] = [i + 1 if rng.random() < 0.8 else -1 for i, _ in ex["spans"]]
-        out.append(ex)
-    return out
 
 
 def test_the_value_ce_is_the_value_slots_cross_entropy_through_the_head():
