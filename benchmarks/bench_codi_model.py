@@ -165,10 +165,7 @@ def dense_floor_fns(model, examples):
     def floor():
         ce, kd, _, prefix = model._teacher(plans, keep_prefix=reuse)
         if prefix is not None:
-            rows = PaddedRows(model.body, len(plans), dev)
-            lengths = torch.tensor(prefix.lengths, device=dev)
-            rows.cache, rows.next_pos = prefix.cache, lengths
-            rows.mask = torch.arange(int(lengths.max()), device=dev)[None] < lengths[:, None]
+            rows = PaddedRows.after_prefix(model.body, prefix.cache, torch.tensor(prefix.lengths, device=dev))
             hidden, _ = rows.step(model.embed(ids), real)
         else:
             hidden = model.body(input_ids=ids, use_cache=False).last_hidden_state

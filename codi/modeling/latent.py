@@ -67,6 +67,16 @@ class PaddedRows:
         self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [B, S] True = real
         self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # [B]
 
+    @classmethod
+    def after_prefix(cls, body: nn.Module, cache: DynamicCache, lengths: torch.Tensor) -> "PaddedRows":
+        """Rows that continue a prefix already in `cache`: row b's first lengths[b] slots are real (a right-padded
+        batch's keys and values, e.g. the teacher's), the rest padding, and its next position is lengths[b]."""
+        rows = cls(body, len(lengths), lengths.device)
+        rows.cache = cache
+        rows.mask = torch.arange(int(lengths.max()), device=lengths.device)[None] < lengths[:, None]
+        rows.next_pos = lengths
+        return rows
+
     @property
     def length(self) -> int:
         """Slots in the cache (padding included)."""

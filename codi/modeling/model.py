@@ -402,7 +402,7 @@ class CodiModel(nn.Module):
                         block = torch.stack(inputs + [fused], dim=1)  # [n, latent_steps, H]
                         latents.update({(e, k - 1): block[e] for e in active})
                 if k == 0 and prefix is not None:
-                    h = self._prefix_round(plans, prefix, rows, ce_hidden, ce_tgt, ce_ex, n_rounds > 1)
+                    rows, h = self._prefix_round(plans, prefix, ce_hidden, ce_tgt, ce_ex, n_rounds > 1)
                     continue
                 ids, real, replace, last_slot, tgt_idx, width = self._round_block(plans, flags, active, k, fuse)
                 for e in active:
@@ -447,16 +447,14 @@ class CodiModel(nn.Module):
         s_kd = torch.cat(kd_parts)[torch.tensor(inv, dtype=torch.long, device=dev)]
         return s_ce, s_kd, latents, value
 
-    def _prefix_round(self, plans: list[ExamplePlan], prefix: "_Prefix", rows: PaddedRows, ce_hidden: list,
-                      ce_tgt: list, ce_ex: list, latents_follow: bool) -> torch.Tensor | None:
-        """Round 0 from the teacher's prefix: `rows` takes its keys and values, the round's CE hiddens are the
-        teacher's outputs at the same positions, and one call runs each row's `<|latent_start|>`. Returns
-        latent_start's hidden [n, H] (None when no latent follows in the batch)."""
-        dev, n = self.device, len(plans)
-        lengths = torch.tensor(prefix.lengths, dtype=torch.long, device=dev)
-        rows.cache = prefix.cache
-        rows.mask = torch.arange(int(lengths.max()), device=dev)[None] < lengths[:, None]
-        rows.next_pos = lengths
+    def _prefix_round(self, plans: list[ExamplePlan], prefix: "_Prefix", ce_hidden: list, ce_tgt: list,
+                      ce_ex: list, latents_follow: bool) -> tuple[PaddedRows, torch.Tensor | None]:
+        """Round 0 from the teacher's prefix: the rows start from its keys and values, the round's CE hiddens are
+        the teacher's outputs at the same positions, and one call runs each row's `<|latent_start|>`. Returns
+        the rows and latent_start's hidden [n, H] (None when no latent follows in the batch)."""
+        dev = self.device
+        rows = PaddedRows.after_prefix(self.body, prefix.cache,
+                                       torch.tensor(prefix.lengths, dtype=torch.long, device=dev))
         width = prefix.hidden.shape[1]
         idx = []
         for e, p in enumerate(plans):  # round 0's slots are positions of prompt + trace, as in the teacher's row
@@ -466,11 +464,11 @@ class CodiModel(nn.Module):
             idx.extend(e * width + slot for slot, _ in targets)
         ce_hidden.append(prefix.hidden.flatten(0, 1)[torch.tensor(idx, dtype=torch.long, device=dev)])
         if not latents_follow:
-            return None
+            return rows, None
         ends = torch.tensor([p.rounds[0].ends_in_latent for p in plans], dtype=torch.bool)
         ids = torch.where(ends, self.token_ids.latent_start, self.token_ids.pad)[:, None]
         last, _ = rows.step(self.embed(ids.to(dev)), ends[:, None].to(dev))
-        return last[:, 0]
+        return rows, last[:, 0]
 
     # ---------------------------------------------------------------------------- reconstruction
     @property
