@@ -27,7 +27,7 @@ from codi.modeling.latent import latent_input, value_feedback
 from codi.modeling.model import split_causal_lm
 from codi.schemas.modes import MODES
 from codi.tracing.format import Frame, TraceParseError, entry_exit, exit_kind, parse_frames_prefix
-from codi.tracing.tokens import ACTION_SEP, LINE_SEP, TraceTokenIds, token_ids
+from codi.tracing.tokens import ACTION_SEP, FRAME_SEP, LINE_SEP, TraceTokenIds, token_ids
 
 StopReason = Literal["entry_exit", "eos", "max_frames", "max_new_tokens"]
 LATENT = -1  # stands for one latent position in DecodeResult.ids (never a token id)
@@ -37,7 +37,8 @@ LATENT_TEXT = "<|latent|>"  # how a latent shows in DecodeResult.text (display o
 @dataclass
 class DecodeResult:
     """One decoded example. `frames` are the complete frames parsed before any error (latent LINE
-    frames have `locals=None`); `answer` is the entry exit's repr, None when malformed."""
+    frames have `locals=None`, and in the frame unit also `source_line=None`); `answer` is the entry exit's repr,
+    None when malformed."""
 
     mode: str
     ids: list[int]            # generated ids, LATENT for a latent position
@@ -54,6 +55,7 @@ class DecodeResult:
     latent_cosine: float | None = None  # latent: mean cosine similarity between its latent blocks (>= 2 blocks)
     latent_sum: torch.Tensor | None = field(default=None, repr=False)  # latent: sum of its latent inputs [H]
     latent_count: int = 0                                               # latent: how many latent inputs it fed
+    latent_lines: bool = False  # latent, codi.latent_unit frame: its latent LINE frames' lines are latent too
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -347,12 +349,19 @@ def _one_frame(text: str, index: int) -> Frame:
     return frames[0]
 
 
-def _latent_frame(chunk: list[int], index: int, t: TraceTokenIds, tokenizer, block_len: int) -> Frame:
-    """Parse a LINE frame whose locals are a latent block: line_sep, block, action_sep, line, frame_sep."""
+def _latent_frame(chunk: list[int], index: int, t: TraceTokenIds, tokenizer, block_len: int,
+                  latent_unit: str = "locals") -> Frame:
+    """Parse a LINE frame whose locals are a latent block: line_sep, block, action_sep, line, frame_sep; in the
+    frame unit, whose locals and line are: line_sep, block, frame_sep (`chunk` ends with the frame's frame_sep)."""
     starts = [k for k, i in enumerate(chunk) if i == t.latent_start]
     if chunk[0] != t.line_sep or starts != [1] or chunk.count(LATENT) != block_len - 2:
         raise TraceParseError(f"frame {index}: a latent block outside a LINE frame's start")
     after = chunk[1 + block_len:]
+    if latent_unit == "frame":
+        if after != [t.frame_sep]:
+            raise TraceParseError(f"frame {index}: latent block followed by "
+                                  f"{_decode_text(tokenizer, after[:1])!r}, not {FRAME_SEP}")
+        return Frame("line", None, locals=None)  # type: ignore[arg-type]  # the line is latent: no text to compare
     if not after or after[0] != t.action_sep:
         got = repr(_decode_text(tokenizer, after[:1])) if after else "nothing"
         raise TraceParseError(f"frame {index}: latent block followed by {got}, not {ACTION_SEP}")
@@ -362,11 +371,12 @@ def _latent_frame(chunk: list[int], index: int, t: TraceTokenIds, tokenizer, blo
 
 
 def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, stop: str,
-                     latent_steps: int = 0) -> tuple[str, list[Frame], str | None, str | None, str]:
+                     latent_steps: int = 0, latent_unit: str = "locals"
+                     ) -> tuple[str, list[Frame], str | None, str | None, str]:
     """Generated ids -> (text, frames, answer, answer_kind, error). Never raises on bad output.
 
     Errors, first one wins: a frame that does not parse (strict: locals a JSON object of strings,
-    VALUE a JSON string), a latent block not followed by `<|action_sep|>` or not at a LINE frame's
+    VALUE a JSON string), a latent block not followed by `<|action_sep|>` (frame unit: `<|frame_sep|>`) or not at a LINE frame's
     start, no entry exit frame (the stop reason says which cap ended it), or (direct) a malformed answer."""
     pieces, run = [], []
     for i in ids:  # text: runs of tokens decoded at once, a marker per latent
@@ -388,7 +398,7 @@ def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, sto
     for index, chunk in enumerate(chunks[:-1]):
         try:
             if mode == "latent" and t.latent_start in chunk:
-                frames.append(_latent_frame(chunk, index, t, tokenizer, block_len))
+                frames.append(_latent_frame(chunk, index, t, tokenizer, block_len, latent_unit))
             else:
                 frames.append(_one_frame(_decode_text(tokenizer, chunk), index))
         except TraceParseError as e:
@@ -398,7 +408,7 @@ def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, sto
         open_chunk = chunks[-1]
         if mode == "latent" and t.latent_start in open_chunk and len(open_chunk) > block_len + 1:
             try:  # a violation inside the open last frame says more than "no exit"
-                _latent_frame(open_chunk + [t.frame_sep], len(frames), t, tokenizer, block_len)
+                _latent_frame(open_chunk + [t.frame_sep], len(frames), t, tokenizer, block_len, latent_unit)
             except TraceParseError as e:
                 if "followed by" in str(e):
                     return text, frames, None, None, f"malformed: {e}"
@@ -424,9 +434,12 @@ def latent_statistics(latents: Sequence[torch.Tensor], latent_steps: int) -> tup
     return norm, float(sim[off].mean())
 
 
-def _check(mode: str, projector, latent_steps: int, max_new_tokens: int, max_frames: int) -> None:
+def _check(mode: str, projector, latent_steps: int, max_new_tokens: int, max_frames: int,
+           latent_unit: str = "locals") -> None:
     if mode not in MODES:
         raise ValueError(f"decoding mode {mode!r}: expected one of {MODES}")
+    if latent_unit not in ("locals", "frame"):
+        raise ValueError(f"latent_unit = {latent_unit!r}: expected 'locals' or 'frame' (codi.latent_unit)")
     if mode == "latent" and projector is None:
         raise ValueError("latent decoding needs a projector (the codi model's thought projector)")
     if latent_steps < 0 or max_new_tokens < 1 or max_frames < 1:
@@ -440,7 +453,8 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
            ids: TraceTokenIds | None = None,
            action_lines: Sequence[Sequence[Sequence[int]]] | None = None,
            forced_actions: Sequence[Sequence[Sequence[int]]] | None = None,
-           value_feedback: str = "none", latent_override: torch.Tensor | None = None) -> list[DecodeResult]:
+           value_feedback: str = "none", latent_override: torch.Tensor | None = None,
+           latent_unit: str = "locals") -> list[DecodeResult]:
     """Decode one batch of prompts (token id lists) greedily; results in prompt order.
 
     `action_lines`: per prompt, its program's lines as token ids (`program_action_lines`): actions
@@ -449,8 +463,10 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
     teacher-forced to the k-th (a diagnostic that separates lost state from a wrong line); frames past
     the truth's fall back to `action_lines`.
     `value_feedback`: the codi model's codi.value_feedback (none | soft | hard). `latent_override` [H]: every latent
-    input is this one vector (the constant-latent ablation: what the latents carry is what this loses)."""
-    _check(mode, projector, latent_steps, max_new_tokens, max_frames)
+    input is this one vector (the constant-latent ablation: what the latents carry is what this loses).
+    `latent_unit`: the codi model's codi.latent_unit: in the frame unit a latent block is a LINE frame's locals and
+    line, so `<|frame_sep|>` follows it (the decoder forces the block alike; parsing and scoring differ)."""
+    _check(mode, projector, latent_steps, max_new_tokens, max_frames, latent_unit)
     if not prompts:
         return []
     for name, per_prompt in (("action_lines", action_lines), ("forced_actions", forced_actions)):
@@ -473,13 +489,15 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
             m.train(was)
     results = []
     for row in rows:
-        text, frames, answer, kind, error = parse_generation(mode, row.ids, tokenizer, t, row.stop, latent_steps)
+        text, frames, answer, kind, error = parse_generation(mode, row.ids, tokenizer, t, row.stop, latent_steps,
+                                                             latent_unit)
         norm, cosine = latent_statistics(row.latents, latent_steps)
         results.append(DecodeResult(mode=mode, ids=row.ids, text=text, frames=frames, answer=answer,
                                     positions=len(row.ids), latent_blocks=row.latent_blocks, stop=row.stop,
                                     error=error, time_s=row.time_s, answer_kind=kind, latent_norm=norm,
                                     latent_cosine=cosine, latent_count=len(row.latents),
-                                    latent_sum=torch.stack(row.latents).sum(0) if row.latents else None))
+                                    latent_sum=torch.stack(row.latents).sum(0) if row.latents else None,
+                                    latent_lines=mode == "latent" and latent_unit == "frame"))
     return results
 
 
@@ -493,7 +511,7 @@ def iter_decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequen
     if batch_size < 1:
         raise ValueError(f"batch_size = {batch_size}: expected >= 1")
     _check(mode, kwargs.get("projector"), kwargs.get("latent_steps", 1),
-           kwargs.get("max_new_tokens", 1024), kwargs.get("max_frames", 256))
+           kwargs.get("max_new_tokens", 1024), kwargs.get("max_frames", 256), kwargs.get("latent_unit", "locals"))
     starts = range(0, len(prompts), batch_size)
     if progress:
         from tqdm.auto import tqdm

@@ -35,6 +35,7 @@ class Prediction(Protocol):
     positions: int
     time_s: float
     latent_blocks: int
+    latent_lines: bool  # the latent LINE frames' lines are latent too (codi.latent_unit frame): no actions to score
 
 
 def truth_answer(frames: Sequence[Frame]) -> str:
@@ -81,8 +82,9 @@ ERROR_KINDS = ("action", "locals", "value", "grammar")
 
 def first_error(pred: Prediction, truth_frames: Sequence[Frame]) -> str | None:
     """Where the prediction first departs from the true trace, or None if it never does:
-    `action` (a frame of another kind or source line, or a frame missing or too many), `locals` (the right
-    line with other locals; latent LINE frames have none to compare), `value` (a return/exception frame with
+    `action` (a frame of another kind or source line, or a frame missing or too many; a latent LINE frame of the
+    frame unit has no line to compare, only its kind), `locals` (the right line with other locals; latent LINE
+    frames have none to compare), `value` (a return/exception frame with
     another VALUE; for `direct`, a wrong answer), `grammar` (the generation stops being a trace or answer)."""
     if pred.mode == "direct":
         if pred.error:
@@ -90,7 +92,7 @@ def first_error(pred: Prediction, truth_frames: Sequence[Frame]) -> str | None:
         return None if pred.answer is not None and compare_answers(pred.answer, truth_answer(truth_frames)).correct \
             else "value"
     for p, t in zip(pred.frames, truth_frames):
-        if (p.kind, p.source_line) != (t.kind, t.source_line):
+        if p.kind != t.kind or (p.source_line is not None and p.source_line != t.source_line):
             return "action"
         if t.kind in ("line", "call") and p.locals is not None and _locals_obj(p) != _locals_obj(t):
             return "locals"
@@ -107,7 +109,8 @@ def score_example(pred: Prediction, truth_frames: Sequence[Frame], *, truth: str
 
     `correct`: well-formed and the answer matches the truth (codi.data.answers: literal values type-strictly, else
     exact text); `reason` says why not ("malformed: ...", "no entry return frame ...", "wrong answer").
-    Explicit and latent: `trace_exact` (the (kind, line) sequence equals the truth's) and `action_accuracy`.
+    Explicit and latent: `trace_exact` (the (kind, line) sequence equals the truth's) and `action_accuracy`; None
+    when the prediction's lines are latent (`latent_lines`, the frame unit).
     Explicit: `locals_accuracy`. Cost: `positions` (tokens + latents generated) and `time_s`. `first_error`: the
     kind of the first departure from the true trace (`first_error`). `problem_id` groups the bootstrap;
     `difficulty` (the source's level, 0 = ungraded) groups `per_difficulty`.
@@ -118,7 +121,7 @@ def score_example(pred: Prediction, truth_frames: Sequence[Frame], *, truth: str
     else:
         correct = compare_answers(pred.answer, truth).correct
         reason = "" if correct else "wrong answer"
-    traced = pred.mode in TRACED_MODES
+    traced = pred.mode in TRACED_MODES and not pred.latent_lines
     return {
         "id": example_id,
         "problem_id": problem_id or example_id,

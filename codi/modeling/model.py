@@ -195,7 +195,7 @@ class CodiModel(nn.Module):
         if ss_prob > 0 and ss_rng is None:
             raise ValueError("ss_rng: scheduled sampling (ss_prob > 0) needs an explicit random.Random or torch.Generator")
         plans = [plan_example(ex, e, self.token_ids, latent_share, self.options.kd_positions, values=self.options.uses_values,
-                              latent_count=latent_count) for e, ex in enumerate(examples)]
+                              latent_count=latent_count, unit=self.options.latent_unit) for e, ex in enumerate(examples)]
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
@@ -486,8 +486,8 @@ class CodiModel(nn.Module):
         emb = self.recon_lm.get_input_embeddings()
         targets = []
         for e, s in keys:
-            i, j = plans[e].spans[s]
-            targets.append(list(plans[e].trace[i + 1:j + 1]))  # the locals, then <|action_sep|>
+            i, r = plans[e].spans[s][0], plans[e].resume[s]
+            targets.append(list(plans[e].trace[i + 1:r + 1]))  # what the block stands for, then the token resuming the text
         width = steps + max(map(len, targets))
         ids = torch.full((len(keys), width - steps), self.token_ids.pad, dtype=torch.long)
         for r, tgt in enumerate(targets):
@@ -527,7 +527,8 @@ class CodiModel(nn.Module):
         was = self.training
         self.eval()
         try:
-            plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions) for e, ex in enumerate(examples)]
+            plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions, unit=self.options.latent_unit)
+                     for e, ex in enumerate(examples)]
             _, _, latents, _ = self._student(plans, [[False] * p.n_spans for p in plans])
             inputs, targets, _ = self.recon_inputs(plans, latents)
             body, head, _ = split_causal_lm(self.recon_lm, "codi recon decoder")
@@ -543,7 +544,7 @@ class CodiModel(nn.Module):
                 for r, tok in enumerate(nxt.tolist()):
                     if not done[r]:
                         preds[r].append(tok)  # capped at the truth's length: longer is wrong anyway
-                        done[r] = tok == self.token_ids.action_sep or len(preds[r]) == len(targets[r])
+                        done[r] = tok == targets[r][-1] or len(preds[r]) == len(targets[r])  # the resuming token
                 if all(done):
                     break
                 seq = torch.cat([seq, emb(nxt)[:, None].to(seq.dtype)], dim=1)
@@ -584,7 +585,8 @@ class CodiModel(nn.Module):
         was = self.training
         self.eval()
         try:
-            plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions) for e, ex in enumerate(examples)]
+            plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions, unit=self.options.latent_unit)
+                     for e, ex in enumerate(examples)]
             states: dict[tuple[int, int], torch.Tensor] = {}
             self._student(plans, [[False] * p.n_spans for p in plans], block_states=states)
             return [[states[(e, s)].float().cpu() for s in range(p.n_spans)] for e, p in enumerate(plans)]

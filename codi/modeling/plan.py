@@ -7,8 +7,10 @@
     scale = value_ramp(step, max_steps, value_ramp_frac)  # the value terms' ramp (CodiModel.forward's value_scale)
 
 The first n = latent_frames(len(spans), share) spans (i_1, j_1)..(i_n, j_n) are latent; later LINE frames
-stay text. Over prompt P and trace T they give n + 1 rounds (LS/LE = latent_start/end), with latents after
-each LS: round 0 = P + T[:i_1+1] + [LS]; round k = [LE] + T[j_k:i_{k+1}+1] + [LS]; round n = [LE] + T[j_n:]
+stay text. A latent span stands for T[i+1:r]: its locals (codi.latent_unit locals, r = j, the text resumes at
+`<|action_sep|>`) or its locals and executed line (unit frame, r = the frame's `<|frame_sep|>`). Over prompt P
+and trace T they give n + 1 rounds (LS/LE = latent_start/end), with latents after each LS:
+round 0 = P + T[:i_1+1] + [LS]; round k = [LE] + T[r_k:i_{k+1}+1] + [LS]; round n = [LE] + T[r_n:]
 (n = 0: one round, P + T). Targets, anchors: docs/design/codi-model.md, "CodiModel" (student rounds).
 """
 
@@ -43,6 +45,7 @@ class ExamplePlan:
     spans: tuple[tuple[int, int], ...]    # the latent spans (the first n of the example's LINE frames)
     rounds: tuple[Round, ...]
     value_pos: tuple[int, ...] = ()       # per latent span: trace index of its assigned value's token, -1 none
+    resume: tuple[int, ...] = ()          # per latent span: trace index where the text resumes (module docstring)
 
     @property
     def n_spans(self) -> int:
@@ -50,9 +53,10 @@ class ExamplePlan:
 
     @property
     def teacher_anchors(self) -> tuple[int, ...]:
-        """Positions in prompt+trace of the KD anchors, span by span: each latent frame's `<|action_sep|>`
-        (and, with kd_positions action_line, the tokens of its line that follow)."""
-        return tuple(len(self.prompt) + j - 1 + a for (_, j), r in zip(self.spans, self.rounds[1:]) for a in r.anchors)
+        """Positions in prompt+trace of the KD anchors, span by span: the token where each latent frame's text
+        resumes (`<|action_sep|>`, or `<|frame_sep|>` in the frame unit; with kd_positions action_line, also the
+        tokens of its line that follow)."""
+        return tuple(len(self.prompt) + r0 - 1 + a for r0, r in zip(self.resume, self.rounds[1:]) for a in r.anchors)
 
     @property
     def anchor_counts(self) -> tuple[int, ...]:
@@ -141,15 +145,29 @@ def check_value_pos(ex: Mapping[str, Any], index: int, spans: tuple[tuple[int, i
 
 def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_share: float = 1.0,
                  kd_positions: Literal["action_sep", "action_line", "answer"] = "action_sep",
-                 values: bool = False, latent_count: int | None = None) -> ExamplePlan:
+                 values: bool = False, latent_count: int | None = None,
+                 unit: Literal["locals", "frame"] = "locals") -> ExamplePlan:
     """Check an example and lay out its student rounds (see the module docstring): the first
     latent_frames(len(spans), latent_share) LINE frames are latent, or the first `latent_count` when given (the
-    stage curriculum); KD anchors at kd_positions (CodiOptions); `values`: read and check the example's `value_pos`."""
+    stage curriculum); KD anchors at kd_positions (CodiOptions); `values`: read and check the example's `value_pos`;
+    `unit` (codi.latent_unit): what a latent block stands for. In the frame unit, a LINE frame whose
+    `<|frame_sep|>` was cut off (a truncated trace) stays text, and so does every frame after it."""
+    if unit not in ("locals", "frame"):
+        raise ValueError(f"unit = {unit!r}: expected 'locals' or 'frame'")
+    if unit == "frame" and kd_positions == "action_line":
+        raise ValueError("kd_positions 'action_line' anchors KD on a frame's line, which the frame unit makes latent")
     prompt, trace, all_spans = check_example(ex, index, ids)
     value_pos = check_value_pos(ex, index, all_spans) if values else ()
+    if unit == "locals":
+        all_resume = tuple(j for _, j in all_spans)
+    else:
+        ends = [j + line_length(trace, j, ids) for _, j in all_spans]
+        whole = next((s for s, f in enumerate(ends) if f >= len(trace)), len(ends))  # frames with a <|frame_sep|>
+        all_spans, all_resume, value_pos = all_spans[:whole], tuple(ends[:whole]), value_pos[:whole]
     n_latent = latent_frames(len(all_spans), latent_share) if latent_count is None else min(latent_count, len(all_spans))
     spans = all_spans[:n_latent]
     value_pos = value_pos[:len(spans)]
+    resume = all_resume[:n_latent]
     ls, le = ids.latent_start, ids.latent_end
     n = len(spans)
     rounds = []
@@ -164,7 +182,7 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
     rounds.append(Round(tokens=toks, targets=tuple((p - 1 + t, trace[t]) for t in range(i1 + 1)),
                         anchors=(), ends_in_latent=True))
     for k in range(1, n + 1):
-        j = spans[k - 1][1]
+        j = resume[k - 1]
         last = k == n
         seg = trace[j:] if last else trace[j:spans[k][0] + 1]
         toks = (le,) + seg + (() if last else (ls,))
@@ -173,7 +191,8 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
         # Scheduled sampling keeps seg[0] (action_sep) and, unless last, seg[-1] (next line_sep):
         # seg[q] for q in [1, end) <- argmax at seg position q-1, i.e. slot q+1 <- slot q.
         end = len(seg) if last else len(seg) - 1
-        # KD anchors: slot 1 is the `<|action_sep|>`; action_line adds the slots of its line's tokens; answer
+        # KD anchors: slot 1 is where the text resumes (`<|action_sep|>`; `<|frame_sep|>` in the frame unit);
+        # action_line adds the slots of its line's tokens; answer
         # keeps only the last round's last <|arg_sep|> (the entry exit's, whose next token is the answer).
         if kd_positions == "answer":
             args = [q for q in range(len(seg)) if seg[q] == ids.arg_sep] if last else []
@@ -183,7 +202,8 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
             anchors = tuple(range(1, 1 + m))
         rounds.append(Round(tokens=toks, targets=targets, anchors=anchors, ends_in_latent=not last,
                             ss_slots=(2, 1 + end) if end > 1 else (0, 0)))
-    return ExamplePlan(prompt=prompt, trace=trace, spans=spans, rounds=tuple(rounds), value_pos=value_pos)
+    return ExamplePlan(prompt=prompt, trace=trace, spans=spans, rounds=tuple(rounds), value_pos=value_pos,
+                       resume=resume)
 
 
 def latent_frames(n_line_frames: int, share: float) -> int:

@@ -26,6 +26,9 @@ class CodiOptions:
     """The CODI design's options: what CodiModel computes, and the schedule it was trained with."""
 
     latent_steps: int = option("recurrent latents per LINE frame (between latent_start and latent_end)", ge=0)
+    latent_unit: Literal["locals", "frame"] = option(
+        "what a latent block stands for (research VI): locals: a LINE frame's locals, the text resumes at its "
+        "<|action_sep|> (the reference) | frame: its locals and executed line, the text resumes at its <|frame_sep|>")
     kd_layers: list[int] | None = option("hidden-state layers KD aligns (index into hidden_states: 0 = embeddings, "
                                          "-1 = last); null = all layers (frozen teacher or logit KD: the last)",
                                          nonempty=True)
@@ -68,6 +71,9 @@ class CodiOptions:
                                     ge=0.0)
 
     def __post_init__(self) -> None:
+        if self.latent_unit == "frame" and self.kd_positions == "action_line":
+            raise ConfigError("codi.kd_positions = 'action_line' anchors KD on each latent frame's line, which "
+                              "codi.latent_unit = 'frame' makes latent (use action_sep: the frame's <|frame_sep|>)")
         if self.kd_norm == "teacher_std" and self.kd_target != "hidden":
             raise ConfigError("codi.kd_norm = 'teacher_std' normalises hidden-state KD; codi.kd_target is "
                               f"{self.kd_target!r} (use kd_norm none)")

@@ -269,6 +269,28 @@ def test_codi_with_the_value_levers_trains_and_evaluates(ws, tmp_path, capsys):
     assert "latent_ablation" in json.loads((other / "metrics/eval.json").read_text())
 
 
+def test_codi_with_whole_frame_latents_trains_and_evaluates(ws, tmp_path, capsys):
+    """Research VI's frame unit: a latent block stands for a LINE frame's locals and line. The stage trains it with
+    the value terms and the reconstruction of the whole frame, the saved model records the unit, and evaluate
+    decodes with it: latent LINE frames carry no line, so the latent mode has no action accuracy."""
+    from codi.modeling import load_codi_model
+
+    other = tmp_path / "ws"
+    shutil.copytree(ws, other, ignore=shutil.ignore_patterns("checkpoints", "dvclive"))
+    opts = {"latent_unit": "frame", "latent_steps": 2, "value_weight": 1.0, "value_kd_weight": 0.5,
+            "recon_weight": 0.5}
+    write_params(other / "params.yaml", tiny_params(codi=opts))
+    assert cli(other, "codi") == 0
+    assert load_codi_model(other / "models/codi").config.options.latent_unit == "frame"
+    assert cli(other, "evaluate") == 0
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(other / "data/eval/predictions.parquet").to_pylist()
+    latent = [r for r in rows if r["mode"] == "latent"]
+    assert latent and all(r["action_accuracy"] is None and r["trace_exact"] is None for r in latent)
+    assert all(r["action_accuracy"] is not None for r in rows if r["mode"] == "explicit")
+
+
 def test_rerun_resumes_the_finished_run(ws, capsys):
     """Same params, same data: the checkpoint folder belongs to this run; nothing is retrained."""
     before = (ws / "models/sft/model.safetensors").read_bytes()

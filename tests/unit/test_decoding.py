@@ -357,6 +357,39 @@ def _gen(setup, *pieces):
     return out
 
 
+def test_frame_unit_parses_a_latent_block_that_closes_its_frame(setup):
+    """codi.latent_unit frame: `<|line_sep|>` block `<|frame_sep|>` is a LINE frame with no locals and no line; a
+    block followed by anything else is malformed, and so is the locals unit's shape."""
+    tok, t = setup["tok"], setup["t"]
+    good_call = '<|call_sep|>{"a": "1"}<|action_sep|>def f(a):\n<|frame_sep|>'
+    block = [t.latent_start] + [LATENT] * LATENT_STEPS + [t.latent_end]
+    ret = '<|return_sep|><|action_sep|>    return a\n<|arg_sep|>"1"<|frame_sep|>'
+    ids = _gen(setup, good_call, t.line_sep, *block, t.frame_sep, ret)
+    text, frames, answer, kind, error = parse_generation("latent", ids, tok, t, "entry_exit", LATENT_STEPS, "frame")
+    assert (answer, kind, error) == ("1", "return", "")
+    assert frames[1] == Frame("line", None, locals=None) and [f.kind for f in frames] == ["call", "line", "return"]
+    assert LATENT_TEXT in text
+    locals_shape = _gen(setup, good_call, t.line_sep, *block, "<|action_sep|>    return a\n<|frame_sep|>", ret)
+    out = parse_generation("latent", locals_shape, tok, t, "entry_exit", LATENT_STEPS, "frame")
+    assert out[2] is None and "frame 1: latent block followed by '<|action_sep|>', not <|frame_sep|>" in out[4]
+    assert parse_generation("latent", ids, tok, t, "entry_exit", LATENT_STEPS)[4].startswith(
+        "malformed: frame 1: latent block followed by")  # the locals unit wants <|action_sep|> there
+    open_frame = _gen(setup, good_call, t.line_sep, *block, "    return a")
+    out = parse_generation("latent", open_frame, tok, t, "max_new_tokens", LATENT_STEPS, "frame")
+    assert "latent block followed by" in out[4]
+
+
+def test_frame_unit_decoding_marks_its_lines_latent(setup):
+    tok = setup["tok"]
+    args = dict(projector=_projector(64, 0, constant=False), latent_steps=LATENT_STEPS, max_new_tokens=40)
+    frame = decode("latent", setup["random"], tok, setup["prompts"][:2], latent_unit="frame", **args)
+    plain = decode("latent", setup["random"], tok, setup["prompts"][:2], **args)
+    assert [r.latent_lines for r in frame] == [True, True] and not any(r.latent_lines for r in plain)
+    assert [r.ids for r in frame] == [r.ids for r in plain]  # the decoder forces the same blocks; parsing differs
+    with pytest.raises(ValueError, match="latent_unit"):
+        decode("latent", setup["random"], tok, setup["prompts"][:1], latent_unit="line", **args)
+
+
 def test_malformed_generations_are_returned_with_a_reason(setup):
     tok, t = setup["tok"], setup["t"]
     good_call = '<|call_sep|>{"a": "1"}<|action_sep|>def f(a):\n<|frame_sep|>'

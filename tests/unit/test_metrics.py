@@ -39,10 +39,27 @@ class Pred:
     positions: int = 10
     time_s: float = 1.0
     latent_blocks: int = 0
+    latent_lines: bool = False
 
 
 def _latent(frames):
     return [Frame(f.kind, f.source_line, locals=None) if f.kind == "line" else f for f in frames]
+
+
+def _latent_frames(frames):
+    """The frame unit's view (codi.latent_unit frame): a latent LINE frame has neither locals nor line."""
+    return [Frame(f.kind, None, locals=None) if f.kind == "line" else f for f in frames]
+
+
+def test_frame_unit_predictions_score_the_answer_and_no_actions():
+    row = score_example(Pred("latent", _latent_frames(TRUTH), "2", latent_lines=True), TRUTH)
+    assert row["correct"] and row["first_error"] is None
+    assert row["trace_exact"] is None and row["action_accuracy"] is None and row["locals_accuracy"] is None
+    too_few = _latent_frames(TRUTH[:2]) + [TRUTH[3]]  # a LINE frame missing: the kinds part at frame 2
+    assert score_example(Pred("latent", too_few, "2", latent_lines=True), TRUTH)["first_error"] == "action"
+    wrong_exit = Frame("return", TRUTH[3].source_line, value='"3"')
+    wrong = score_example(Pred("latent", _latent_frames(TRUTH[:3]) + [wrong_exit], "3", latent_lines=True), TRUTH)
+    assert (wrong["correct"], wrong["first_error"]) == (False, "value")
 
 
 def test_truth_answer():

@@ -449,14 +449,15 @@ def test_the_saved_config_is_the_committed_format_byte_for_byte(tmp_path):
     tok = tiny_tokenizer()
     m = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, kd_weight=0.5, **V3_OPTIONS)
     out = save_codi_model(m, tok, tmp_path / "c", extra={"step": 12})
-    assert (out / "codi_config.json").read_bytes() == (SAVED / "v4.json").read_bytes()
+    assert (out / "codi_config.json").read_bytes() == (SAVED / "v5.json").read_bytes()
 
 
 @pytest.mark.parametrize("version, options", [
     ("v1", dict(kd_layers=[-1])),       # before kd_norm, kd_positions, recon_*, the curriculum: the reference's
     ("v2", V2_OPTIONS),                 # before projector_dropout: none
     ("v3", V3_OPTIONS),                 # before the value options (research IV): off
-    ("v4", V3_OPTIONS),
+    ("v4", V3_OPTIONS),                 # before latent_unit (research VI): locals
+    ("v5", V3_OPTIONS),
 ])
 def test_a_folder_saved_by_an_earlier_version_loads(tmp_path, version, options):
     import shutil

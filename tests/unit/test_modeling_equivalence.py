@@ -54,13 +54,16 @@ def run(fn, model):
     return {k: out[k].detach() for k in LOSS_KEYS}, grads(model)
 
 
-def assert_equal_to_oracle(model, examples, ss_prob=0.0, seed=7, rng_kind="random", latent_share=1.0):
+def assert_equal_to_oracle(model, examples, ss_prob=0.0, seed=7, rng_kind="random", latent_share=1.0,
+                           oracle_examples=None):
+    """`oracle_examples`: what the oracle reads instead of `examples` (the same examples in its own contract)."""
     def rng():
         if rng_kind == "torch":
             return torch.Generator().manual_seed(seed)
         return random.Random(seed)
 
-    o_out, o_grads = run(lambda: oracle_forward(model, examples, ss_prob, rng(), latent_share=latent_share), model)
+    o_out, o_grads = run(lambda: oracle_forward(model, oracle_examples or examples, ss_prob, rng(),
+                                                latent_share=latent_share), model)
     b_out, b_grads = run(lambda: model(examples, ss_prob=ss_prob, ss_rng=rng(), latent_share=latent_share), model)
     for k in LOSS_KEYS:
         o, b = float(o_out[k]), float(b_out[k])
