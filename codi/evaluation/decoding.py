@@ -56,6 +56,7 @@ class DecodeResult:
     latent_sum: torch.Tensor | None = field(default=None, repr=False)  # latent: sum of its latent inputs [H]
     latent_count: int = 0                                               # latent: how many latent inputs it fed
     latent_lines: bool = False  # latent, codi.latent_unit frame: its latent LINE frames' lines are latent too
+    frames_per_block: int = 1   # latent: LINE frames a block stands for (codi.frames_per_block): one parsed frame each
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -182,7 +183,7 @@ class _Decoder:
     def __init__(self, mode: str, model: nn.Module, ids: TraceTokenIds, vocab_size: int, *,
                  projector: Callable[[torch.Tensor], torch.Tensor] | None, latent_steps: int,
                  max_new_tokens: int, max_frames: int, value_feedback: str = "none",
-                 latent_override: torch.Tensor | None = None):
+                 latent_override: torch.Tensor | None = None, frames_per_block: int = 1):
         self.mode, self.model, self.t = mode, model, ids
         self.body, self.head, _ = split_causal_lm(model, "model")
         self.embed = model.get_input_embeddings()
@@ -191,6 +192,7 @@ class _Decoder:
         self.max_new_tokens, self.max_frames = max_new_tokens, max_frames
         self.block = [ids.latent_start] + [LATENT] * latent_steps + [ids.latent_end]
         self.value_feedback = value_feedback      # codi.value_feedback: added to each block's last latent
+        self.fed_latents = frames_per_block       # ... and to the last codi.frames_per_block latents (one per frame)
         self.latent_override = latent_override    # [H]: every latent input replaced by it (the ablation)
 
     def _advance(self, row: _Row, token: int | None) -> None:
@@ -303,8 +305,8 @@ class _Decoder:
                     raise ValueError("latent decoding needs a projector")
                 emb = emb.clone()
                 x = latent_input(self.projector, hidden[lat][:, None]).to(dtype)  # (L, 1, H)
-                if self.value_feedback != "none":  # the block's last latent: the one latent_end follows
-                    last_latent = torch.tensor([rows[live[k]].queue[:1] == [self.t.latent_end] for k in lat], device=dev)
+                if self.value_feedback != "none":  # the block's last latents: latent_end and at most m - 1 latents follow
+                    last_latent = torch.tensor([len(rows[live[k]].queue) <= self.fed_latents for k in lat], device=dev)
                     fb = value_feedback(self.head, self.embed.weight, hidden[lat], self.value_feedback).to(dtype)
                     x = x + torch.where(last_latent[:, None], fb, torch.zeros((), dtype=dtype, device=dev))[:, None]
                 if self.latent_override is not None:
@@ -454,7 +456,7 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
            action_lines: Sequence[Sequence[Sequence[int]]] | None = None,
            forced_actions: Sequence[Sequence[Sequence[int]]] | None = None,
            value_feedback: str = "none", latent_override: torch.Tensor | None = None,
-           latent_unit: str = "locals") -> list[DecodeResult]:
+           latent_unit: str = "locals", frames_per_block: int = 1) -> list[DecodeResult]:
     """Decode one batch of prompts (token id lists) greedily; results in prompt order.
 
     `action_lines`: per prompt, its program's lines as token ids (`program_action_lines`): actions
@@ -465,7 +467,12 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
     `value_feedback`: the codi model's codi.value_feedback (none | soft | hard). `latent_override` [H]: every latent
     input is this one vector (the constant-latent ablation: what the latents carry is what this loses).
     `latent_unit`: the codi model's codi.latent_unit: in the frame unit a latent block is a LINE frame's locals and
-    line, so `<|frame_sep|>` follows it (the decoder forces the block alike; parsing and scoring differ)."""
+    line, so `<|frame_sep|>` follows it (the decoder forces the block alike; parsing and scoring differ);
+    `frames_per_block` (codi.frames_per_block): the LINE frames a block stands for, the value feedback going to its last
+    that many latents."""
+    if frames_per_block < 1 or (frames_per_block > 1 and (latent_unit != "frame" or latent_steps <= frames_per_block)):
+        raise ValueError(f"frames_per_block = {frames_per_block}: expected 1, or more in the frame unit with "
+                         f"latent_steps above it (latent_unit {latent_unit!r}, latent_steps {latent_steps})")
     _check(mode, projector, latent_steps, max_new_tokens, max_frames, latent_unit)
     if not prompts:
         return []
@@ -483,7 +490,8 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
         with torch.inference_mode():
             rows = _Decoder(mode, model, t, len(tokenizer), projector=projector, latent_steps=latent_steps,
                             max_new_tokens=max_new_tokens, max_frames=max_frames, value_feedback=value_feedback,
-                            latent_override=latent_override).run(prompts, action_lines, forced_actions)
+                            latent_override=latent_override, frames_per_block=frames_per_block
+                            ).run(prompts, action_lines, forced_actions)
     finally:
         for m, was in zip(modules, training):
             m.train(was)
@@ -497,7 +505,8 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
                                     error=error, time_s=row.time_s, answer_kind=kind, latent_norm=norm,
                                     latent_cosine=cosine, latent_count=len(row.latents),
                                     latent_sum=torch.stack(row.latents).sum(0) if row.latents else None,
-                                    latent_lines=mode == "latent" and latent_unit == "frame"))
+                                    latent_lines=mode == "latent" and latent_unit == "frame",
+                                    frames_per_block=frames_per_block if mode == "latent" else 1))
     return results
 
 

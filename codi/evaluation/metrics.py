@@ -36,6 +36,7 @@ class Prediction(Protocol):
     time_s: float
     latent_blocks: int
     latent_lines: bool  # the latent LINE frames' lines are latent too (codi.latent_unit frame): no actions to score
+    frames_per_block: int  # LINE frames one latent block stands for (a block parses as one frame)
 
 
 def truth_answer(frames: Sequence[Frame]) -> str:
@@ -84,14 +85,20 @@ def first_error(pred: Prediction, truth_frames: Sequence[Frame]) -> str | None:
     """Where the prediction first departs from the true trace, or None if it never does:
     `action` (a frame of another kind or source line, or a frame missing or too many; a latent LINE frame of the
     frame unit has no line to compare, only its kind), `locals` (the right line with other locals; latent LINE
-    frames have none to compare), `value` (a return/exception frame with
+    frames have none to compare; a block of several LINE frames, codi.frames_per_block, leaves their number unknown,
+    so then only the other frames are compared, in order), `value` (a return/exception frame with
     another VALUE; for `direct`, a wrong answer), `grammar` (the generation stops being a trace or answer)."""
     if pred.mode == "direct":
         if pred.error:
             return "grammar"
         return None if pred.answer is not None and compare_answers(pred.answer, truth_answer(truth_frames)).correct \
             else "value"
-    for p, t in zip(pred.frames, truth_frames):
+    if pred.latent_lines and pred.frames_per_block > 1:
+        pred_frames = [f for f in pred.frames if f.kind != "line"]
+        truth_frames = [f for f in truth_frames if f.kind != "line"]
+    else:
+        pred_frames = pred.frames
+    for p, t in zip(pred_frames, truth_frames):
         if p.kind != t.kind or (p.source_line is not None and p.source_line != t.source_line):
             return "action"
         if t.kind in ("line", "call") and p.locals is not None and _locals_obj(p) != _locals_obj(t):
@@ -100,7 +107,7 @@ def first_error(pred: Prediction, truth_frames: Sequence[Frame]) -> str | None:
             return "value"
     if pred.error:  # every parsed frame was right; then the text stopped being a trace
         return "grammar"
-    return None if len(pred.frames) == len(truth_frames) else "action"
+    return None if len(pred_frames) == len(truth_frames) else "action"
 
 
 def score_example(pred: Prediction, truth_frames: Sequence[Frame], *, truth: str | None = None,

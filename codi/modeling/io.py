@@ -36,7 +36,7 @@ CODI_CONFIG = "codi_config.json"
 PROJECTOR_FILE = "thought_projector.safetensors"
 FORMAT_VERSION = 5
 # A folder of an older format predates some options: it was trained with their reference behaviour.
-_UNIT_OPTIONS = {"latent_unit": "locals"}  # format 5 (research VI)
+_UNIT_OPTIONS = {"latent_unit": "locals", "frames_per_block": 1}  # format 5 (research VI)
 _VALUE_OPTIONS = {"value_weight": 0.0, "value_feedback": "none", "value_kd_weight": 0.0,  # format 4 (research IV)
                   "stage_steps": 0, "stage_reset_optimizer": False, "stage_smoothing": 0.0, "stage_mix_prob": 0.0,
                   **_UNIT_OPTIONS}

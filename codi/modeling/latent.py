@@ -149,19 +149,27 @@ def latent_input(projector: Callable[[torch.Tensor], torch.Tensor], hidden: torc
 def latent_recurrence(rows: PaddedRows, projector: nn.Module, h: torch.Tensor, steps: int,
                       active: torch.Tensor, inputs: list[torch.Tensor] | None = None,
                       outputs: list[torch.Tensor] | None = None, last_layers: Sequence[int] | None = None,
-                      last_states: list[tuple] | None = None) -> torch.Tensor:
+                      last_states: list[tuple] | None = None, states_from: int | None = None,
+                      feedback: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      feedback_from: int = 0) -> torch.Tensor:
     """Run `steps` recurrent latents: each step feeds projector(h) and takes the new post-norm hidden.
 
     h: [B, H], the last hidden of the position before the first latent (latent_start's). active: [B]
     bool; inactive rows get a padding slot (zero input, masked) and keep their h. Returns h [B, H].
     `inputs`, when given, receives each step's latent input [B, H] (zero for inactive rows); `outputs` each
-    step's new h; `last_states` the hidden_states tuple of the last step's call, with `last_layers` asked for."""
+    step's new h; `last_states` the hidden_states tuple of the last step's call, with `last_layers` asked for (of
+    every step from `states_from` on, when given). `feedback(h)` [B, H], when given, is added to the input of every
+    step from `feedback_from` on (codi.value_feedback for the frames of a multi-frame block)."""
     active = active.to(device=rows.device, dtype=torch.bool)
+    first_state = steps - 1 if states_from is None else states_from
     for step in range(steps):
-        x = torch.where(active[:, None], latent_input(projector, h), torch.zeros((), dtype=h.dtype, device=h.device))
+        x = latent_input(projector, h)
+        if feedback is not None and step >= feedback_from:
+            x = x + feedback(h)
+        x = torch.where(active[:, None], x, torch.zeros((), dtype=h.dtype, device=h.device))
         if inputs is not None:
             inputs.append(x)
-        final = step == steps - 1 and last_states is not None
+        final = step >= first_state and last_states is not None
         last, hs = rows.step(x[:, None], active[:, None], hidden_layers=last_layers if final else None)
         if final:
             last_states.append(hs)

@@ -194,8 +194,7 @@ class CodiModel(nn.Module):
             raise ValueError(f"ss_prob = {ss_prob!r}: expected a probability in [0, 1]")
         if ss_prob > 0 and ss_rng is None:
             raise ValueError("ss_rng: scheduled sampling (ss_prob > 0) needs an explicit random.Random or torch.Generator")
-        plans = [plan_example(ex, e, self.token_ids, latent_share, self.options.kd_positions, values=self.options.uses_values,
-                              latent_count=latent_count, unit=self.options.latent_unit) for e, ex in enumerate(examples)]
+        plans = self._plans(examples, latent_share, values=self.options.uses_values, latent_count=latent_count)
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
@@ -240,6 +239,13 @@ class CodiModel(nn.Module):
         return {"loss": loss, "teacher_loss": t_loss.detach(), "student_loss": s_loss.detach(),
                 "kd_loss": kd_loss.detach(), "recon_loss": recon_loss.detach(), "value_loss": value_loss.detach(),
                 "value_kd_loss": value_kd_loss.detach()}
+
+    def _plans(self, examples: Sequence[dict[str, Any]], latent_share: float = 1.0, values: bool = False,
+               latent_count: int | None = None) -> list[ExamplePlan]:
+        """Each example's plan (codi.modeling.plan.plan_example) under this model's options."""
+        o = self.options
+        return [plan_example(ex, e, self.token_ids, latent_share, o.kd_positions, values=values, latent_count=latent_count,
+                             unit=o.latent_unit, frames_per_block=o.frames_per_block) for e, ex in enumerate(examples)]
 
     def _value_losses(self, s_value: "_ValueSlots", t_value: torch.Tensor | None, n: int
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -373,6 +379,7 @@ class CodiModel(nn.Module):
         h = None  # [n, H] post-norm hidden feeding the next latent (latent_start's, then each latent's)
         req = self._requested(self.student_layers, self.n_states)
         opts = self.options
+        m = opts.frames_per_block
         value = _ValueSlots()
         value_states = values and opts.value_kd_weight > 0
         embedding = self.model.get_input_embeddings().weight
@@ -386,7 +393,17 @@ class CodiModel(nn.Module):
                 fuse = 1 if k > 0 and self.options.latent_steps > 0 else 0  # slot 0 holds the round's last latent
                 rows.compact()
                 inputs: list[torch.Tensor] | None = [] if self.options.recon_weight > 0 else None
-                if fuse:
+                if fuse and m > 1:  # a multi-frame block: frame j's value slot feeds latent L - m + j
+                    h, outputs = self._multi_frame_latents(plans, rows, h, act, active, k - 1, inputs,
+                                                           value if values else None, value_states, embedding)
+                    x = latent_input(self.projector, h)
+                    if opts.value_feedback != "none":
+                        x = x + value_feedback(self.head, embedding, h, opts.value_feedback)
+                    fused = torch.where(act[:, None], x, zero)  # idle rows: zero input
+                    if inputs is not None:
+                        block = torch.stack(inputs + [fused], dim=1)  # [n, latent_steps, H]
+                        latents.update({(e, k - 1): block[e] for e in active})
+                elif fuse:
                     outputs: list[torch.Tensor] | None = [h] if block_states is not None else None
                     last_states: list[tuple] | None = [] if value_states else None
                     h = latent_recurrence(rows, self.projector, h, self.options.latent_steps - 1, act, inputs,
@@ -446,6 +463,32 @@ class CodiModel(nn.Module):
             inv[g] = at
         s_kd = torch.cat(kd_parts)[torch.tensor(inv, dtype=torch.long, device=dev)]
         return s_ce, s_kd, latents, value
+
+    def _multi_frame_latents(self, plans: list[ExamplePlan], rows: PaddedRows, h: torch.Tensor, act: torch.Tensor,
+                             active: list[int], span: int, inputs: list[torch.Tensor] | None,
+                             value: "_ValueSlots | None", value_states: bool, embedding: torch.Tensor
+                             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Latents 0 .. L-2 of a multi-frame block (codi.frames_per_block m > 1; the last latent is fused into the
+        round's call): frame j's value slot is the hidden feeding latent L - m + j, and with codi.value_feedback
+        the slot's prediction is added to that latent's input. Returns the hidden feeding the last latent and the
+        hiddens feeding each latent [latent_start's, latent 0's, ..., latent L-2's]."""
+        opts = self.options
+        steps, m = opts.latent_steps, opts.frames_per_block
+        outputs = [h]
+        states: list[tuple] | None = [] if value_states else None
+        feedback = None
+        if opts.value_feedback != "none":
+            def feedback(hidden: torch.Tensor) -> torch.Tensor:
+                return value_feedback(self.head, embedding, hidden, opts.value_feedback)
+        h = latent_recurrence(rows, self.projector, h, steps - 1, act, inputs, outputs=outputs, last_states=states,
+                              last_layers=self._requested(self.value_layers, self.n_states), states_from=steps - m - 1,
+                              feedback=feedback, feedback_from=steps - m)
+        if value is not None:
+            for j in range(m):  # outputs[t] feeds latent t; step t - 1 (states[j]) computed it
+                t = steps - m + j
+                value.add(plans, active, span, outputs[t], None if states is None else [states[j]], self.value_layers,
+                          self.n_states, frame=j)
+        return h, outputs
 
     def _prefix_round(self, plans: list[ExamplePlan], prefix: "_Prefix", ce_hidden: list, ce_tgt: list,
                       ce_ex: list, latents_follow: bool) -> tuple[PaddedRows, torch.Tensor | None]:
@@ -527,8 +570,7 @@ class CodiModel(nn.Module):
         was = self.training
         self.eval()
         try:
-            plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions, unit=self.options.latent_unit)
-                     for e, ex in enumerate(examples)]
+            plans = self._plans(examples)
             _, _, latents, _ = self._student(plans, [[False] * p.n_spans for p in plans])
             inputs, targets, _ = self.recon_inputs(plans, latents)
             body, head, _ = split_causal_lm(self.recon_lm, "codi recon decoder")
@@ -585,8 +627,7 @@ class CodiModel(nn.Module):
         was = self.training
         self.eval()
         try:
-            plans = [plan_example(ex, e, self.token_ids, 1.0, self.options.kd_positions, unit=self.options.latent_unit)
-                     for e, ex in enumerate(examples)]
+            plans = self._plans(examples)
             states: dict[tuple[int, int], torch.Tensor] = {}
             self._student(plans, [[False] * p.n_spans for p in plans], block_states=states)
             return [[states[(e, s)].float().cpu() for s in range(p.n_spans)] for e, p in enumerate(plans)]
@@ -607,15 +648,17 @@ class _ValueSlots:
         self.states: torch.Tensor | None = None
 
     def add(self, plans: list[ExamplePlan], active: list[int], span: int, h: torch.Tensor,
-            states: list[tuple | None] | None, layers: Sequence[int], n_states: int) -> None:
-        """Round `span + 1`'s value slots: h [n, H] the slot's last-layer output; `states` (value KD only) holds the
-        slot call's hidden_states tuple (the last layer is h itself)."""
-        rows = [e for e in active if plans[e].value_pos[span] >= 0]
+            states: list[tuple | None] | None, layers: Sequence[int], n_states: int, frame: int = 0) -> None:
+        """Round `span + 1`'s value slots of its block's frame `frame` (0 but in a multi-frame block): h [n, H] the
+        slot's last-layer output; `states` (value KD only) holds the slot call's hidden_states tuple (the last layer
+        is h itself). Keys are (example, index into value_pos): the teacher's order."""
+        where = {e: plans[e].value_index(span, frame) for e in active}
+        rows = [e for e in active if where[e] is not None and plans[e].value_pos[where[e]] >= 0]
         if not rows:
             return
         idx = torch.tensor(rows, dtype=torch.long, device=h.device)
-        self.keys.extend((e, span) for e in rows)
-        self.targets.extend(plans[e].trace[plans[e].value_pos[span]] for e in rows)
+        self.keys.extend((e, where[e]) for e in rows)
+        self.targets.extend(plans[e].trace[plans[e].value_pos[where[e]]] for e in rows)
         self._hidden.append(h[idx])
         if states is not None:  # the value slot's call is one slot wide: position 0
             self._states.append(torch.stack([h if x == n_states - 1 else states[0][x][:, 0] for x in layers],

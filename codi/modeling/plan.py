@@ -46,6 +46,15 @@ class ExamplePlan:
     rounds: tuple[Round, ...]
     value_pos: tuple[int, ...] = ()       # per latent span: trace index of its assigned value's token, -1 none
     resume: tuple[int, ...] = ()          # per latent span: trace index where the text resumes (module docstring)
+    block_frames: tuple[int, ...] = ()    # per latent span: the LINE frames it stands for (codi.frames_per_block)
+
+    def value_index(self, span: int, frame: int) -> int | None:
+        """Index into `value_pos` of frame `frame` of latent span `span` (its LINE frames in order), None past them."""
+        if not self.block_frames:
+            return span if frame == 0 else None
+        if frame >= self.block_frames[span]:
+            return None
+        return sum(self.block_frames[:span]) + frame
 
     @property
     def n_spans(self) -> int:
@@ -146,12 +155,17 @@ def check_value_pos(ex: Mapping[str, Any], index: int, spans: tuple[tuple[int, i
 def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_share: float = 1.0,
                  kd_positions: Literal["action_sep", "action_line", "answer"] = "action_sep",
                  values: bool = False, latent_count: int | None = None,
-                 unit: Literal["locals", "frame"] = "locals") -> ExamplePlan:
+                 unit: Literal["locals", "frame"] = "locals", frames_per_block: int = 1) -> ExamplePlan:
     """Check an example and lay out its student rounds (see the module docstring): the first
     latent_frames(len(spans), latent_share) LINE frames are latent, or the first `latent_count` when given (the
     stage curriculum); KD anchors at kd_positions (CodiOptions); `values`: read and check the example's `value_pos`;
     `unit` (codi.latent_unit): what a latent block stands for. In the frame unit, a LINE frame whose
-    `<|frame_sep|>` was cut off (a truncated trace) stays text, and so does every frame after it."""
+    `<|frame_sep|>` was cut off (a truncated trace) stays text, and so does every frame after it.
+    `frames_per_block` (codi.frames_per_block, frame unit only): a latent span stands for up to this many consecutive
+    LINE frames with nothing between them (a call or return frame ends a block); latent_share and latent_count then
+    count blocks, and `value_pos` holds one entry per LINE frame of the latent blocks, in order."""
+    if frames_per_block < 1 or (frames_per_block > 1 and unit != "frame"):
+        raise ValueError(f"frames_per_block = {frames_per_block}: expected 1, or more in the frame unit")
     if unit not in ("locals", "frame"):
         raise ValueError(f"unit = {unit!r}: expected 'locals' or 'frame'")
     if unit == "frame" and kd_positions == "action_line":
@@ -164,9 +178,22 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
         ends = [j + line_length(trace, j, ids) for _, j in all_spans]
         whole = next((s for s, f in enumerate(ends) if f >= len(trace)), len(ends))  # frames with a <|frame_sep|>
         all_spans, all_resume, value_pos = all_spans[:whole], tuple(ends[:whole]), value_pos[:whole]
+    all_frames: tuple[int, ...] = ()
+    if frames_per_block > 1:  # group consecutive LINE frames: the next one starts right after this one's <|frame_sep|>
+        blocks, s = [], 0
+        while s < len(all_spans):
+            e = s
+            while e + 1 < len(all_spans) and e - s + 1 < frames_per_block and all_spans[e + 1][0] == all_resume[e] + 1:
+                e += 1
+            blocks.append((s, e))
+            s = e + 1
+        all_spans = tuple(all_spans[a] for a, _ in blocks)
+        all_resume = tuple(all_resume[b] for _, b in blocks)
+        all_frames = tuple(b - a + 1 for a, b in blocks)
     n_latent = latent_frames(len(all_spans), latent_share) if latent_count is None else min(latent_count, len(all_spans))
     spans = all_spans[:n_latent]
-    value_pos = value_pos[:len(spans)]
+    block_frames = all_frames[:n_latent]
+    value_pos = value_pos[:sum(block_frames) if block_frames else len(spans)]
     resume = all_resume[:n_latent]
     ls, le = ids.latent_start, ids.latent_end
     n = len(spans)
@@ -203,7 +230,7 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
         rounds.append(Round(tokens=toks, targets=targets, anchors=anchors, ends_in_latent=not last,
                             ss_slots=(2, 1 + end) if end > 1 else (0, 0)))
     return ExamplePlan(prompt=prompt, trace=trace, spans=spans, rounds=tuple(rounds), value_pos=value_pos,
-                       resume=resume)
+                       resume=resume, block_frames=block_frames)
 
 
 def latent_frames(n_line_frames: int, share: float) -> int:

@@ -29,6 +29,10 @@ class CodiOptions:
     latent_unit: Literal["locals", "frame"] = option(
         "what a latent block stands for (research VI): locals: a LINE frame's locals, the text resumes at its "
         "<|action_sep|> (the reference) | frame: its locals and executed line, the text resumes at its <|frame_sep|>")
+    frames_per_block: int = option(
+        "LINE frames one latent block stands for (research VI; latent_unit frame): up to this many consecutive ones; "
+        "frame j of a block has its value slot at the hidden feeding latent latent_steps - frames_per_block + j "
+        "(1: the last latent's, the reference)", ge=1)
     kd_layers: list[int] | None = option("hidden-state layers KD aligns (index into hidden_states: 0 = embeddings, "
                                          "-1 = last); null = all layers (frozen teacher or logit KD: the last)",
                                          nonempty=True)
@@ -74,6 +78,12 @@ class CodiOptions:
         if self.latent_unit == "frame" and self.kd_positions == "action_line":
             raise ConfigError("codi.kd_positions = 'action_line' anchors KD on each latent frame's line, which "
                               "codi.latent_unit = 'frame' makes latent (use action_sep: the frame's <|frame_sep|>)")
+        if self.frames_per_block > 1 and self.latent_unit != "frame":
+            raise ConfigError(f"codi.frames_per_block = {self.frames_per_block}: a block of several LINE frames needs "
+                              "codi.latent_unit = 'frame' (in the locals unit the frames' lines lie between them)")
+        if self.frames_per_block > 1 and self.latent_steps <= self.frames_per_block:
+            raise ConfigError(f"codi.frames_per_block = {self.frames_per_block}: each frame of a block needs a latent "
+                              f"of its own after latent_start: codi.latent_steps must exceed it (got {self.latent_steps})")
         if self.kd_norm == "teacher_std" and self.kd_target != "hidden":
             raise ConfigError("codi.kd_norm = 'teacher_std' normalises hidden-state KD; codi.kd_target is "
                               f"{self.kd_target!r} (use kd_norm none)")

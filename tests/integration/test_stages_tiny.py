@@ -270,18 +270,20 @@ def test_codi_with_the_value_levers_trains_and_evaluates(ws, tmp_path, capsys):
 
 
 def test_codi_with_whole_frame_latents_trains_and_evaluates(ws, tmp_path, capsys):
-    """Research VI's frame unit: a latent block stands for a LINE frame's locals and line. The stage trains it with
-    the value terms and the reconstruction of the whole frame, the saved model records the unit, and evaluate
-    decodes with it: latent LINE frames carry no line, so the latent mode has no action accuracy."""
+    """Research VI's frame unit with multi-frame blocks: a latent block stands for up to 2 consecutive LINE frames,
+    locals and lines. The stage trains it with the value terms and the reconstruction of the whole block, the saved
+    model records the unit, and evaluate decodes with it: latent LINE frames carry no line, so the latent mode has
+    no action accuracy."""
     from codi.modeling import load_codi_model
 
     other = tmp_path / "ws"
     shutil.copytree(ws, other, ignore=shutil.ignore_patterns("checkpoints", "dvclive"))
-    opts = {"latent_unit": "frame", "latent_steps": 2, "value_weight": 1.0, "value_kd_weight": 0.5,
-            "recon_weight": 0.5}
+    opts = {"latent_unit": "frame", "frames_per_block": 2, "latent_steps": 3, "value_weight": 1.0,
+            "value_kd_weight": 0.5, "value_feedback": "soft", "recon_weight": 0.5}
     write_params(other / "params.yaml", tiny_params(codi=opts))
     assert cli(other, "codi") == 0
-    assert load_codi_model(other / "models/codi").config.options.latent_unit == "frame"
+    options = load_codi_model(other / "models/codi").config.options
+    assert (options.latent_unit, options.frames_per_block) == ("frame", 2)
     assert cli(other, "evaluate") == 0
     import pyarrow.parquet as pq
 

@@ -106,3 +106,120 @@ def test_the_reconstruction_probe_writes_the_whole_frame():
     truths = [list(ex["trace_ids"][i + 1:frame_end(ex["trace_ids"], j) + 1]) for ex in examples for i, j in ex["spans"]]
     assert [t for _, t in pairs] == truths and all(t[-1] == T.frame_sep for t in truths)
     assert all(len(p) <= len(t) for p, t in pairs)
+
+
+# ------------------------------------------------------------------------------------ multi-frame blocks
+def test_multi_frame_blocks_group_consecutive_line_frames():
+    ex = make_example(random.Random(0), 5, other_frames=False)
+    trace, spans = ex["trace_ids"], ex["spans"]
+    ends = [frame_end(trace, j) for _, j in spans]
+    plan = plan_example(ex, 0, T, unit="frame", frames_per_block=2)
+    assert plan.block_frames == (2, 2, 1)
+    assert plan.spans == (spans[0], spans[2], spans[4]) and plan.resume == (ends[1], ends[3], ends[4])
+    assert [plan.value_index(1, j) for j in range(3)] == [2, 3, None]
+    assert plan_example(ex, 0, T, unit="frame", frames_per_block=2, latent_share=0.5).block_frames == (2, 2)
+    # a return frame between two LINE frames ends a block
+    t = T
+    ex = {"prompt_ids": [t.trace_context_start, 20, t.frame_sep],
+          "trace_ids": [t.line_sep, 30, t.action_sep, 40, t.frame_sep,
+                        t.return_sep, t.action_sep, 41, t.arg_sep, 42, t.frame_sep,
+                        t.line_sep, 31, t.action_sep, 43, t.frame_sep, t.line_sep, 32, t.action_sep, 44, t.frame_sep,
+                        t.eos],
+          "spans": [(0, 2), (11, 13), (16, 18)], "value_pos": [1, 12, 17]}
+    plan = plan_example(ex, 0, t, unit="frame", frames_per_block=3, values=True)
+    assert plan.block_frames == (1, 2) and plan.spans == ((0, 2), (11, 13)) and plan.resume == (4, 20)
+    assert plan.value_pos == (1, 12, 17) and plan.rounds[2].tokens == (t.latent_end, t.frame_sep, t.eos)
+    with pytest.raises(ValueError, match="frames_per_block"):
+        plan_example(ex, 0, t, frames_per_block=2)  # the locals unit has lines between the frames
+    with pytest.raises(ConfigError, match="codi.frames_per_block"):
+        codi_model(tiny_base(), T, 3, frames_per_block=2)
+    with pytest.raises(ConfigError, match="codi.frames_per_block"):
+        codi_model(tiny_base(), T, 2, latent_unit="frame", frames_per_block=2)  # a latent per frame after LS
+
+
+def multi_frame_batch(seed=0):
+    """Examples with runs of consecutive LINE frames (and one with call/return frames between them), each LINE
+    frame with a value token (the one after its <|line_sep|>) or none."""
+    rng = random.Random(seed)
+    out = [make_example(rng, 5, other_frames=False), make_example(rng, 4), make_example(rng, 2, other_frames=False)]
+    for ex in out:
+        ex["value_pos"] = [i + 1 if rng.random() < 0.8 else -1 for i, _ in ex["spans"]]
+    return out
+
+
+@pytest.mark.parametrize("frames_per_block,latent_steps", [(2, 3), (3, 4)])
+def test_multi_frame_blocks_equal_the_oracle_on_the_blocks_spans(frames_per_block, latent_steps):
+    model = codi_model(tiny_base(), T, latent_steps, latent_unit="frame", frames_per_block=frames_per_block,
+                       recon_weight=0.5)
+    examples = multi_frame_batch()
+    blocks = [dict(ex, spans=[(p.spans[s][0], p.resume[s]) for s in range(p.n_spans)])
+              for ex, p in zip(examples, model._plans(examples))]
+    assert any(len(b["spans"]) < len(ex["spans"]) for b, ex in zip(blocks, examples))  # some block holds 2+ frames
+    assert_equal_to_oracle(model, examples, oracle_examples=blocks)
+
+
+def test_each_frame_of_a_block_has_its_value_slot_at_its_own_latent():
+    """frames_per_block 2, latent_steps 3: frame 0's value slot is the hidden feeding latent 1 (latent 0's output),
+    frame 1's the hidden feeding latent 2 (latent 1's output); the value CE reads them through the head."""
+    exs = multi_frame_batch(seed=1)
+    torch.manual_seed(0)
+    off = codi_model(tiny_base(), T, 3, latent_unit="frame", frames_per_block=2)
+    on = codi_model(tiny_base(), T, 3, latent_unit="frame", frames_per_block=2, value_weight=0.7)
+    on.load_state_dict(off.state_dict())
+    out = on(exs)
+    states = off.block_states(exs)  # per block [latent_start, latent 0, latent 1, latent 2] outputs
+    per_ex = []
+    for ex, plan, blocks in zip(exs, off._plans(exs), states):
+        ces = []
+        for s, b in enumerate(blocks):
+            for j in range(2):
+                q = plan.value_index(s, j)
+                p = ex["value_pos"][q] if q is not None else -1
+                if p >= 0:  # the hidden feeding latent 3 - 2 + j is the output at position (latent) j
+                    ces.append(torch.nn.functional.cross_entropy(off.head(b[1 + j][None]),
+                                                                 torch.tensor([ex["trace_ids"][p]])))
+        if ces:
+            per_ex.append(torch.stack(ces).mean())
+    expected = torch.stack(per_ex).mean()
+    assert torch.allclose(out["value_loss"], expected, atol=1e-6)
+
+
+def test_multi_frame_value_terms_and_feedback_train():
+    model = codi_model(tiny_base(), T, 3, latent_unit="frame", frames_per_block=2, value_weight=1.0,
+                       value_kd_weight=1.0, value_feedback="soft")
+    out = model(multi_frame_batch())
+    assert float(out["value_loss"]) > 0 and float(out["value_kd_loss"]) > 0
+    out["loss"].backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.projector.parameters())
+
+
+@pytest.mark.parametrize("frames_per_block,latent_steps", [(1, 2), (2, 3)])
+def test_the_decoder_feeds_the_latents_training_feeds(frames_per_block, latent_steps):
+    """With value feedback on the last frames_per_block latents, the latent decoder's inputs for its first block equal
+    the training recurrence's (CodiModel's inputs to the reconstruction decoder) after the same prefix."""
+    from codi.evaluation.decoding import decode
+    from codi.tracing.format import render_prompt
+    from codi.tracing.tokens import token_ids
+    from tests.unit.test_decoding import PROGRAMS, _encode, _model, _tokenizer
+
+    tok = _tokenizer()
+    ids = token_ids(tok)
+    base = _model(tok, seed=3)
+    prompt = _encode(tok, render_prompt(*PROGRAMS[1][:2]))
+    with torch.no_grad():  # make <|line_sep|> a likely choice, so that a block comes soon
+        base.lm_head.weight[ids.line_sep] = 0.2 * base.model(input_ids=torch.tensor([prompt])).last_hidden_state[0].mean(0)
+    model = codi_model(base, ids, latent_steps, latent_unit="frame", frames_per_block=frames_per_block,
+                       value_feedback="soft", recon_weight=0.1).eval()
+    args = dict(projector=model.projector, latent_steps=latent_steps, max_frames=10, value_feedback="soft",
+                latent_unit="frame", frames_per_block=frames_per_block)
+    [free] = decode("latent", base, tok, [prompt], max_new_tokens=60, **args)
+    first = free.ids.index(ids.line_sep)
+    # Capped at the first block's <|latent_end|>: its latents, each fed the step after it was placed, are all it fed.
+    [res] = decode("latent", base, tok, [prompt], max_new_tokens=first + 3 + latent_steps, **args)
+    assert res.latent_count == latent_steps
+    prefix = free.ids[:first + 1]
+    trace = prefix + [30, ids.action_sep, 40, ids.frame_sep, ids.eos]
+    example = {"prompt_ids": prompt, "trace_ids": trace, "spans": [(first, first + 2)]}
+    with torch.no_grad():
+        _, _, latents, _ = model._student(model._plans([example]), [[False]])
+    torch.testing.assert_close(res.latent_sum, latents[(0, 0)].sum(0), rtol=1e-5, atol=1e-5)

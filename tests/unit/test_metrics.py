@@ -40,6 +40,7 @@ class Pred:
     time_s: float = 1.0
     latent_blocks: int = 0
     latent_lines: bool = False
+    frames_per_block: int = 1
 
 
 def _latent(frames):
@@ -60,6 +61,12 @@ def test_frame_unit_predictions_score_the_answer_and_no_actions():
     wrong_exit = Frame("return", TRUTH[3].source_line, value='"3"')
     wrong = score_example(Pred("latent", _latent_frames(TRUTH[:3]) + [wrong_exit], "3", latent_lines=True), TRUTH)
     assert (wrong["correct"], wrong["first_error"]) == (False, "value")
+    # codi.frames_per_block 2: one latent frame stands for both LINE frames; only the others are compared
+    block = [TRUTH[0], Frame("line", None), TRUTH[3]]
+    assert score_example(Pred("latent", block, "2", latent_lines=True, frames_per_block=2), TRUTH)["first_error"] is None
+    no_exit = score_example(Pred("latent", block[:2], None, error="no entry return frame", latent_lines=True,
+                                 frames_per_block=2), TRUTH)
+    assert no_exit["first_error"] == "grammar"
 
 
 def test_truth_answer():
