@@ -28,7 +28,7 @@ from codi.infra.files import atomic_path, file_sha256
 SPLITS = ("train", "val", "test", "holdout")
 CACHE_FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
-REBUILD = "rebuild the cache with `dvc repro precompute` (or `python -m codi precompute`)"
+REBUILD = "rebuild the cache: dvc repro precompute (or python -m codi precompute)"
 ARROW_MAGIC = b"ARROW1"  # an Arrow IPC file starts with it (then 2 bytes of padding) and ends with it
 
 SCHEMA = pa.schema([

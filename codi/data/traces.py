@@ -39,7 +39,7 @@ TRACE_SCHEMA = pa.schema([
 
 
 PARQUET_MAGIC = b"PAR1"  # a Parquet file starts and ends with it
-REBUILD = "rebuild the traces with `dvc repro extract` (or `python -m codi extract`)"
+REBUILD = "rebuild the traces: dvc repro extract (or python -m codi extract)"
 
 
 class TracesFileError(ValueError):

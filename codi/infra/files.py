@@ -1,6 +1,7 @@
 """Atomic file writes and content digests: a kill mid-write never leaves a complete-looking output.
 
     with atomic_path("data/traces/mbpp.parquet") as tmp: pq.write_table(table, tmp)
+    with atomic_paths(["data/cache/train.arrow", "data/cache/manifest.json"]) as tmps: ...   # all or none
     with atomic_dir("models/sft") as tmp: model.save_pretrained(tmp)
     write_json("metrics/sft.json", summary); file_sha256("data/cache/train.arrow")
 
@@ -17,7 +18,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from codi.infra.config import UserError
 
@@ -28,7 +29,12 @@ _DISK_FULL_WORDS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
 
 
 class DiskFullError(UserError):
-    """A write that found no space left on the device; the message names the output it was writing."""
+    """A write that found no space left on the device; the message names the output it was writing (`path`)."""
+
+    def __init__(self, path: Path, kind: str):
+        self.path = path
+        super().__init__(f"{path}: no space left on the device while writing this {kind}; nothing was replaced "
+                         "(an earlier complete version, if any, is unchanged): free some space and rerun the stage")
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -43,11 +49,6 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
-
-
-def _disk_full_error(path: Path, kind: str) -> DiskFullError:
-    return DiskFullError(f"{path}: no space left on the device while writing this {kind}; nothing was replaced "
-                         "(an earlier complete version, if any, is unchanged): free some space and rerun the stage")
 
 
 def temporary_sibling(path: str | Path) -> Path:
@@ -66,12 +67,23 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp
         tmp.replace(path)
     except Exception as e:
-        # a DiskFullError comes from a write nested in this one, which named its own path
-        if not isinstance(e, DiskFullError) and is_disk_full(e):
-            raise _disk_full_error(path, "file") from None
+        # A DiskFullError of a write nested in this one names that write's path: this one's when the nested write
+        # wrote `tmp` (atomic_paths' caller writing through write_split), its own otherwise.
+        if (e.path == tmp) if isinstance(e, DiskFullError) else is_disk_full(e):
+            raise DiskFullError(path, "file") from None
         raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_paths(paths: Sequence[str | Path]) -> Iterator[list[Path]]:
+    """Temporary siblings of files that belong together (a cache's splits and its manifest, last): they replace
+    the files, the last one last, only when the block ends normally; otherwise none is replaced."""
+    with contextlib.ExitStack() as stack:
+        # entered from the last: the stack leaves (and so replaces) the first path first and the last path last
+        tmps = [stack.enter_context(atomic_path(p)) for p in reversed(paths)][::-1]
+        yield tmps
 
 
 @contextlib.contextmanager
@@ -87,7 +99,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         # a file written inside (DiskFullError) named its temporary path: the folder is what the user knows
         if isinstance(e, DiskFullError) or is_disk_full(e):
-            raise _disk_full_error(path, "folder") from None
+            raise DiskFullError(path, "folder") from None
         raise
     if path.exists():
         shutil.rmtree(path)

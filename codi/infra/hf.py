@@ -51,7 +51,7 @@ def check_model_folder(path: str | Path, made_by: str) -> None:
     """A model folder that stage `made_by` wrote, checked before loading: its config.json, every JSON file and
     every .safetensors file whole. ConfigError naming the folder or file and how to rebuild it."""
     path = Path(path)
-    rebuild = f"rebuild it with `dvc repro {made_by}` (or `python -m codi {made_by}`)"
+    rebuild = f"rebuild it: dvc repro {made_by} (or python -m codi {made_by})"
     if not (path / "config.json").is_file():
         raise ConfigError(f"{path}: no config.json: not a complete model folder; {rebuild}")
     for f in sorted(path.glob("*.json")):
