@@ -75,7 +75,8 @@ def mode_folder(mode: str, paths: dict[str, Path]) -> Path:
     """The model folder a mode decodes with; one that holds no model, or a damaged one, is a clear error."""
     path = paths[MODE_MODEL[mode]]
     if not (path / "config.json").is_file():
-        raise ConfigError(f"evaluate.modes includes {mode!r}, but {path} holds no model (run its stage first)")
+        raise ConfigError(f"evaluate.modes includes {mode!r}, but {path} holds no model (run its stage first: "
+                          f"dvc repro {MODE_MODEL[mode]})")
     check_model_folder(path, made_by=MODE_MODEL[mode])
     return path
 
