@@ -4,14 +4,18 @@
     write_split(rows, "data/cache/train.arrow")
     ds = CacheDataset("data/cache/train.arrow")      # torch Dataset of codi-contract dicts
     ds[0] -> {"prompt_ids": [...], "trace_ids": [...], "spans": [(i, j), ...], "answer_ids": [...], ...}
+    verify_split("data/cache/val.arrow")             # what CacheDataset checks first (ConfigError naming the file)
 
-One uncompressed Arrow IPC file per split: opening it memory-maps the file and reads nothing.
+One uncompressed Arrow IPC file per split: opening it memory-maps the file and reads nothing. Before that,
+CacheDataset checks the file against the sha256 that the cache's manifest.json records for it (once per
+process and file version): a truncated, edited or foreign file is an error naming it, not a pyarrow traceback.
 Format and why: docs/design/data.md, "The cache".
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,6 +27,9 @@ from codi.infra.files import atomic_path, file_sha256
 
 SPLITS = ("train", "val", "test", "holdout")
 CACHE_FORMAT_VERSION = 2
+MANIFEST = "manifest.json"
+REBUILD = "rebuild the cache: dvc repro precompute (or python -m codi precompute)"
+ARROW_MAGIC = b"ARROW1"  # an Arrow IPC file starts with it (then 2 bytes of padding) and ends with it
 
 SCHEMA = pa.schema([
     ("sample_id", pa.string()),
@@ -73,19 +80,85 @@ def write_split(rows: list[dict[str, Any]], path: str | Path) -> str:
 def read_table(path: str | Path) -> pa.Table:
     """Memory-map a split (no copy, no decompression)."""
     source = pa.memory_map(str(path), "r")
-    return pa.ipc.open_file(source).read_all()
+    try:
+        return pa.ipc.open_file(source).read_all()
+    except pa.ArrowInvalid as e:  # a file CacheDataset was told not to verify
+        raise ConfigError(f"{path}: not a readable Arrow file ({e}): {REBUILD}") from None
+
+
+def read_manifest(cache_dir: str | Path) -> dict[str, Any]:
+    """The cache's manifest.json (written last by precompute); a missing, unreadable or older one is a
+    ConfigError naming it."""
+    f = Path(cache_dir) / MANIFEST
+    try:
+        raw = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{f}: missing: the cache has no manifest to check its files against; {REBUILD}") from None
+    except OSError as e:
+        raise ConfigError(f"{f}: cannot read the cache manifest ({e.strerror}); {REBUILD}") from None
+    except ValueError as e:
+        raise ConfigError(f"{f}: the cache manifest is not valid JSON ({e}); {REBUILD}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{f}: the cache manifest is not a JSON object; {REBUILD}")
+    if raw.get("format_version") != CACHE_FORMAT_VERSION:
+        raise ConfigError(f"{f}: cache format_version {raw.get('format_version')!r}, this version reads "
+                          f"{CACHE_FORMAT_VERSION}; {REBUILD}")
+    return raw
+
+
+def _arrow_problem(path: Path, size: int) -> str | None:
+    """What is wrong with the file's frame, seen from its first and last bytes (None: it looks whole)."""
+    if size == 0:
+        return "empty"
+    with open(path, "rb") as f:
+        head = f.read(len(ARROW_MAGIC))
+        f.seek(max(0, size - len(ARROW_MAGIC)))
+        tail = f.read()
+    if head != ARROW_MAGIC:
+        return "not an Arrow file (it does not start with the Arrow magic bytes)"
+    if tail != ARROW_MAGIC or size < 2 * len(ARROW_MAGIC) + 2:
+        return f"truncated ({size} bytes; its end holds no Arrow footer)"
+    return None
+
+
+_verified: set[tuple[str, int, int, str]] = set()  # (file, size, mtime, sha256 wanted): hashed once per process
+
+
+def verify_split(path: str | Path) -> None:
+    """Check a cache split against the sha256 its folder's manifest records; ConfigError naming the file (and
+    what rebuilds it) when it is truncated, not an Arrow file, or not the file precompute wrote."""
+    path = Path(path)
+    manifest = read_manifest(path.parent)
+    entry = manifest.get("splits", {}).get(path.stem) if isinstance(manifest.get("splits"), dict) else None
+    want = entry.get("sha256") if isinstance(entry, dict) else None
+    if not isinstance(want, str):
+        raise ConfigError(f"{path.parent / MANIFEST}: records no sha256 for {path.name}; {REBUILD}")
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, want)
+    if key in _verified:
+        return
+    if (problem := _arrow_problem(path, stat.st_size)) is not None:
+        raise ConfigError(f"{path}: {problem}; {REBUILD}")
+    got = file_sha256(path)
+    if got != want:
+        raise ConfigError(f"{path}: hash mismatch with the manifest: sha256 {got[:12]}.. but {path.parent / MANIFEST} "
+                          f"records {want[:12]}.. (the file changed after precompute wrote it); {REBUILD}")
+    _verified.add(key)
 
 
 class CacheDataset:
     """A split as a map-style dataset of codi-contract example dicts, read from the memory map.
 
     Works as a torch Dataset (len + getitem); `lengths` (prompt + trace tokens) serves length-grouped
-    sampling without touching the token buffers."""
+    sampling without touching the token buffers. `verify` checks the file against its folder's manifest first
+    (verify_split); only a split written outside a cache (a test of the reader itself) goes without."""
 
-    def __init__(self, path: str | Path, limit: int = 0):
+    def __init__(self, path: str | Path, limit: int = 0, verify: bool = True):
         self.path = Path(path)
         if not self.path.is_file():
             raise ConfigError(f"{self.path}: no such cache split (run the precompute stage)")
+        if verify:
+            verify_split(self.path)
         self.table = read_table(self.path)
         if self.table.schema.names != SCHEMA.names:
             raise ConfigError(f"{self.path}: cache columns {self.table.schema.names} do not match this version's "
@@ -131,15 +204,10 @@ class CacheDataset:
 
 def check_tokenizer(tokenizer, cache_dir: str | Path, model_dir: str | Path) -> None:
     """A model's tokenizer must be the one that made the cache's token ids (their hash is in the manifest)."""
-    import json
-
     from codi.tracing.tokens import tokenizer_sha256
 
-    manifest = Path(cache_dir) / "manifest.json"
-    try:
-        want = json.loads(manifest.read_text()).get("tokenizer_sha256")
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{manifest}: cannot read the cache manifest ({e}): run the precompute stage") from None
+    manifest = Path(cache_dir) / MANIFEST
+    want = read_manifest(cache_dir).get("tokenizer_sha256")
     if tokenizer_sha256(tokenizer) != want:
         raise ConfigError(f"{model_dir}: its tokenizer is not the one that made {manifest} (sha256 differs): the "
                          "token ids would mean other tokens; rerun precompute, or train from its models/base")

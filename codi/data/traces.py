@@ -5,6 +5,7 @@
     rows, times = trace_samples(tracer, samples, "mbpp")     # the rows of traced samples (stage extract)
 
 No wall times in the rows: DVC hashes data/traces, and the same sources and params give byte-identical files.
+A traces file that is truncated or not Parquet is a TracesFileError naming it and the stage that rebuilds it.
 """
 
 from __future__ import annotations
@@ -37,8 +38,28 @@ TRACE_SCHEMA = pa.schema([
 ])
 
 
+PARQUET_MAGIC = b"PAR1"  # a Parquet file starts and ends with it
+REBUILD = "rebuild the traces: dvc repro extract (or python -m codi extract)"
+
+
 class TracesFileError(ValueError):
     """A traces file that this version cannot read; the message names the file."""
+
+
+def _parquet_problem(path: Path, why: str) -> str:
+    """Why pyarrow could not read the file, in words, from its first and last bytes (else pyarrow's `why`)."""
+    size = path.stat().st_size
+    if size == 0:
+        return "empty"
+    with open(path, "rb") as f:
+        head = f.read(len(PARQUET_MAGIC))
+        f.seek(max(0, size - len(PARQUET_MAGIC)))
+        tail = f.read()
+    if head != PARQUET_MAGIC:
+        return "not a Parquet file (it does not start with the Parquet magic bytes)"
+    if tail != PARQUET_MAGIC:
+        return f"truncated ({size} bytes; its end holds no Parquet footer)"
+    return f"corrupted ({why})"
 
 
 def write_traces(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
@@ -51,7 +72,13 @@ def read_traces(path: str | Path, columns: Sequence[str]) -> list[dict[str, Any]
     unknown = [c for c in columns if c not in TRACE_SCHEMA.names]
     if unknown:
         raise ValueError(f"read_traces: {unknown[0]!r} is not a traces column ({TRACE_SCHEMA.names})")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TracesFileError(f"{path}: {_parquet_problem(Path(path), why)}; {REBUILD}") from None
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise TracesFileError(f"{path}: not a traces file of this version: missing column {missing[0]!r} "

@@ -34,7 +34,7 @@ from codi.evaluation.probe import ablation_summary, collect_blocks, diagnosis, p
 from codi.evaluation.report import split_summaries
 from codi.infra.config import ConfigError
 from codi.infra.device import set_threads
-from codi.infra.hf import load_causal_lm
+from codi.infra.hf import check_model_folder, load_causal_lm
 from codi.schemas.evaluate import EvaluateConfig
 from codi.tracing.format import parse_trace
 from codi.tracing.tokens import load_tokenizer
@@ -74,10 +74,12 @@ class LoadedMode:
 
 
 def mode_folder(mode: str, paths: dict[str, Path]) -> Path:
-    """The model folder a mode decodes with; one that holds no model is a clear error."""
+    """The model folder a mode decodes with; one that holds no model, or a damaged one, is a clear error."""
     path = paths[MODE_MODEL[mode]]
     if not (path / "config.json").is_file():
-        raise ConfigError(f"evaluate.modes includes {mode!r}, but {path} holds no model (run its stage first)")
+        raise ConfigError(f"evaluate.modes includes {mode!r}, but {path} holds no model (run its stage first: "
+                          f"dvc repro {MODE_MODEL[mode]})")
+    check_model_folder(path, made_by=MODE_MODEL[mode])
     return path
 
 

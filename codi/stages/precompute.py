@@ -13,10 +13,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from codi.data.cache import write_split
+from codi.data.cache import MANIFEST, write_split
 from codi.data.cache_build import cache_manifest, cache_metrics, encode_rows, summary_line, usable_traces
 from codi.infra.config import ConfigError
-from codi.infra.files import atomic_dir, write_json
+from codi.infra.files import atomic_dir, atomic_paths, write_json
 from codi.infra.kernels import check_cpu_kernels, describe_kernels
 from codi.modeling.base_model import build_base, check_model_source, save_base
 from codi.schemas.kernels import KernelsConfig
@@ -52,9 +52,11 @@ def run(params: PrecomputeParams, traces: Path, cache: Path, base_out: Path, met
     by_split = encode_rows(rows, tok, params.precompute, dropped)
 
     cache.mkdir(parents=True, exist_ok=True)
-    shas = {split: write_split(split_rows, cache / f"{split}.arrow") for split, split_rows in by_split.items()}
-    manifest = cache_manifest(by_split, shas, tok, params.precompute, params.model, dropped)
-    write_json(cache / "manifest.json", manifest)
+    # All or none (a full disk, a kill): never new splits beside the old manifest, the manifest replaced last.
+    with atomic_paths([*(cache / f"{split}.arrow" for split in by_split), cache / MANIFEST]) as tmps:
+        shas = {split: write_split(split_rows, tmp) for (split, split_rows), tmp in zip(by_split.items(), tmps)}
+        manifest = cache_manifest(by_split, shas, tok, params.precompute, params.model, dropped)
+        write_json(tmps[-1], manifest)
     write_json(metrics, cache_metrics(manifest))
     with atomic_dir(base_out) as tmp:
         save_base(model, tok, tmp)

@@ -9,9 +9,10 @@ after it trained. A stage keeps only what is its own: building its model, and it
     ...                                        # the stage builds its model and a TrainingJob; train() runs it
     return finish(done, summary, metrics, plots / "loss.png", curves, title, line)
 
-begin: QLoRA's machine check, the relaunch into CPU workers (codi.infra.launch), the start model's folder, the
-torch threads, the splits (an empty train split is an error naming the file) and the tokenizer (it must be the
-one that made the cache). finish: the metrics JSON, the loss curve PNG and the summary line, on the main process.
+begin: QLoRA's machine check, the relaunch into CPU workers (codi.infra.launch), the start model's folder (whole:
+codi.infra.hf.check_model_folder), the torch threads, the splits (checked against the cache's manifest; an empty
+train split is an error naming the file) and the tokenizer (it must be the one that made the cache). finish: the
+metrics JSON, the loss curve PNG and the summary line, on the main process.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from codi.data.cache import CacheDataset, check_tokenizer
 from codi.infra.config import ConfigError
 from codi.infra.device import set_threads
 from codi.infra.files import write_json
+from codi.infra.hf import check_model_folder
 from codi.infra.kernels import check_cpu_kernels, describe_kernels
 from codi.infra.launch import maybe_relaunch
 from codi.modeling.lora import check_lora
@@ -34,6 +36,8 @@ from codi.schemas.train import TrainConfig
 from codi.tracing.tokens import load_tokenizer
 from codi.training.loop import TrainingRun, training_splits
 from codi.training.summary import save_loss_png
+
+START_MADE_BY = {"sft": "precompute", "sft_direct": "precompute", "codi": "sft"}  # the stage that writes each start model
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ def begin(stage: str, cfg: TrainConfig, kernels: KernelsConfig, start: Path, cac
         print(f"{stage}: {describe_kernels(kernels.cpu)}", flush=True)
     if not (start / "config.json").is_file():
         raise ConfigError(f"{start}: no model here ({missing})")
+    check_model_folder(start, made_by=START_MADE_BY[stage])
     set_threads(cfg.torch_threads)
     train_ds, val_ds = training_splits(cache)
     tok = load_tokenizer(start)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 
-from codi.data.cache import CacheDataset, read_table, split_of, write_split
+from codi.data.cache import CACHE_FORMAT_VERSION, CacheDataset, read_table, split_of, write_split
 
 
 def test_split_is_stable_and_follows_fractions():
@@ -35,9 +37,16 @@ def row(k: int) -> dict:
             "trace_text": "", "n_frames": 3, "difficulty": k % 3}
 
 
+def write_manifest(cache: Path, shas: dict[str, str]) -> None:
+    """The part of precompute's manifest that CacheDataset checks a split against."""
+    (cache / "manifest.json").write_text(json.dumps({"format_version": CACHE_FORMAT_VERSION,
+                                                     "splits": {s: {"sha256": h} for s, h in shas.items()}}))
+
+
 def test_cache_round_trip_is_the_codi_contract(tmp_path):
     rows = [row(k) for k in range(10)]
     sha = write_split(rows, tmp_path / "train.arrow")
+    write_manifest(tmp_path, {"train": sha})
     assert len(sha) == 64 and not (tmp_path / "train.arrow.tmp").exists()
     ds = CacheDataset(tmp_path / "train.arrow")
     assert len(ds) == 10
@@ -59,5 +68,5 @@ def test_cache_is_memory_mapped(tmp_path):
 
 
 def test_empty_split_round_trips(tmp_path):
-    write_split([], tmp_path / "holdout.arrow")
+    write_manifest(tmp_path, {"holdout": write_split([], tmp_path / "holdout.arrow")})
     assert len(CacheDataset(tmp_path / "holdout.arrow")) == 0
