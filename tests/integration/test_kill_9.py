@@ -1,0 +1,131 @@
+"""kill -9 at a random point of every stage, then a rerun: the outputs equal an uninterrupted run's (md5), and
+no partial output is ever left where DVC or the next stage would take it as complete.
+
+The fast case (default suite): extract killed once it has finished two shards resumes from them. The slow ones
+(`pytest -m slow tests/integration/test_kill_9.py`) kill each stage of the tiny pipeline at a random moment of
+its run (the seed is printed, and a failure names it); sft and codi are also killed after a checkpoint by
+tests/integration/test_training_procs.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_training_procs import ENV, run
+from tests.tiny import tiny_params, write_params
+
+# Every DVC-cached output of each stage (dvc.yaml `outs`), as the stage's CLI names them for a run tagged `tag`,
+# and the stage's command line writing them there. Metrics files carry wall times, so they are not compared.
+def stage_run(stage: str, tag: str) -> tuple[list[str], list[str]]:
+    if stage == "extract":
+        return (["extract", "--out", f"{tag}/traces", "--metrics", f"{tag}/extract.json",
+                 "--checkpoints", f"ck/{tag}-extract"], [f"{tag}/traces"])
+    if stage == "precompute":
+        return (["precompute", "--traces", "data/traces", "--cache", f"{tag}/cache", "--base-out", f"{tag}/base",
+                 "--metrics", f"{tag}/precompute.json"],
+                [f"{tag}/base", *(f"{tag}/cache/{f}" for f in
+                                  ("train.arrow", "val.arrow", "test.arrow", "holdout.arrow", "manifest.json"))])
+    if stage in ("sft", "sft_direct", "codi"):
+        start = ["--sft", "models/sft"] if stage == "codi" else ["--base", "models/base"]
+        return ([stage, "--cache", "data/cache", *start, "--out", f"{tag}/{stage}", "--checkpoints",
+                 f"ck/{tag}-{stage}", "--metrics", f"{tag}/{stage}.json", "--plots", f"{tag}/plots-{stage}",
+                 "--live", f"{tag}/live-{stage}"], [f"{tag}/{stage}"])
+    assert stage == "evaluate"
+    return (["evaluate", "--cache", "data/cache", "--sft", "models/sft", "--codi", "models/codi", "--direct",
+             "models/sft_direct", "--metrics", f"{tag}/metrics", "--predictions", f"{tag}/predictions.parquet",
+             "--plots", f"{tag}/plots"],
+            [f"{tag}/predictions.parquet", f"{tag}/metrics/eval.md",
+             *(f"{tag}/plots/{f}" for f in ("accuracy.csv", "accuracy_by_source.csv", "accuracy_vs_positions.csv"))])
+
+
+def digest(path: Path) -> dict[str, str]:
+    """md5 of a file, or of every file in a folder, by path relative to `path`."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {str(p.relative_to(path)): hashlib.md5(p.read_bytes()).hexdigest() for p in files}
+
+
+def launch(ws: Path, args: list[str], params: str = "params.yaml") -> subprocess.Popen:
+    """A stage in a session of its own, so that kill -9 reaches all its processes (sandbox workers, DDP ranks)."""
+    return subprocess.Popen([sys.executable, "-m", "codi", "--params", params, *args], cwd=ws, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def kill_9_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float = 240) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.005)
+    assert proc.poll() is None, "the stage ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)   # kill -9, the whole group: no chance to clean up
+    proc.wait()
+
+
+def assert_nothing_partial(ws: Path, outs: list[str], ref: dict[str, dict[str, str]]) -> None:
+    """Each output is absent or complete (what the uninterrupted run wrote): never a part of it."""
+    for out, ref_out in zip(outs, ref):
+        if (ws / out).exists():
+            assert digest(ws / out) == ref[ref_out], f"{out}: a killed run left a partial output"
+
+
+def test_extract_killed_after_two_shards_resumes_from_them(tmp_path: Path) -> None:
+    ws = tmp_path
+    write_params(ws / "params.yaml", tiny_params(extract={"synthetic": {"n_programs": 300}, "dask": {"shard_size": 16}}))
+    cmd, outs = stage_run("extract", "ref")
+    run(ws, ["-m", "codi", *cmd])
+    ref = digest(ws / outs[0])
+    assert not (ws / "ck/ref-extract").exists()      # finished: nothing left to resume
+    cmd, outs = stage_run("extract", "kill")
+    shards = ws / "ck/kill-extract/synthetic"
+    kill_9_when(launch(ws, cmd), lambda: len(list(shards.glob("*.parquet"))) >= 2)
+    assert not (ws / "kill/traces").exists()         # written whole at the end, so not at all yet
+    reused = len(list(shards.glob("*.parquet")))
+    proc = run(ws, ["-m", "codi", *cmd])
+    assert f"extract synthetic: resumed: {reused} finished shards reused from ck/kill-extract" in proc.stdout
+    assert digest(ws / "kill/traces") == ref
+    assert not (ws / "ck/kill-extract").exists()
+    assert not list(ws.glob("kill/.traces.tmp-*"))   # the killed run's temporary folder, if any, is gone
+
+
+# ----------------------------------------------------------------------------- every stage, at random (slow)
+STAGES = ["extract", "precompute", "sft", "sft_direct", "codi", "evaluate"]
+
+
+@pytest.fixture(scope="module")
+def pipeline_ws(tmp_path_factory) -> Path:
+    """The tiny pipeline run once into its default paths: each stage's inputs."""
+    ws = tmp_path_factory.mktemp("kill9")
+    write_params(ws / "params.yaml", tiny_params(extract={"synthetic": {"n_programs": 120}, "dask": {"shard_size": 16}}))
+    for stage in STAGES[:-1]:
+        run(ws, ["-m", "codi", stage], timeout=600)
+    return ws
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", STAGES)
+def test_kill_9_at_a_random_point_then_rerun_equals_an_uninterrupted_run(pipeline_ws: Path, stage: str) -> None:
+    ws = pipeline_ws
+    cmd, ref_outs = stage_run(stage, f"ref-{stage}")
+    t0 = time.time()
+    run(ws, ["-m", "codi", *cmd], timeout=600)
+    seconds = time.time() - t0
+    ref = {out: digest(ws / out) for out in ref_outs}
+    seed = random.randrange(1 << 30)
+    delay = random.Random(seed).uniform(0.1, 0.9) * seconds
+    cmd, outs = stage_run(stage, f"kill-{stage}")
+    start = time.time()
+    kill_9_when(launch(ws, cmd), lambda: time.time() - start > delay)
+    why = f"{stage} killed {delay:.2f} s into a {seconds:.1f} s run (seed {seed})"
+    print(why)
+    assert_nothing_partial(ws, outs, ref)
+    run(ws, ["-m", "codi", *cmd], timeout=600)
+    for out, ref_out in zip(outs, ref_outs):
+        assert digest(ws / out) == ref[ref_out], f"{out} differs from the uninterrupted run's: {why}"
