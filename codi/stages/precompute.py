@@ -4,6 +4,8 @@
 
 Keeps `ok` traces, splits by problem (stable hash), builds the base model (`model.base`), tokenizes,
 locates and checks every LINE frame's locals span (codi.data.cache_build), and writes the counts as DVC metrics.
+Each file is written atomically, and the cache's manifest.json last: killed, the stage leaves no manifest, so
+the next stage stops with an error that says to rerun precompute.
 """
 
 from __future__ import annotations
@@ -51,12 +53,15 @@ def run(params: PrecomputeParams, traces: Path, cache: Path, base_out: Path, met
     model, tok = build_base(params.model, (r["prompt"] + r["trace_text"] for r in train_rows))
     by_split = encode_rows(rows, tok, params.precompute, dropped)
 
+    # The manifest goes first and comes back last: a run killed in between leaves a cache without one, which
+    # the training stages refuse (never new splits under the previous run's manifest, or beside its model).
     cache.mkdir(parents=True, exist_ok=True)
+    (cache / "manifest.json").unlink(missing_ok=True)
     shas = {split: write_split(split_rows, cache / f"{split}.arrow") for split, split_rows in by_split.items()}
+    with atomic_dir(base_out) as tmp:
+        save_base(model, tok, tmp)
     manifest = cache_manifest(by_split, shas, tok, params.precompute, params.model, dropped)
     write_json(cache / "manifest.json", manifest)
     write_json(metrics, cache_metrics(manifest))
-    with atomic_dir(base_out) as tmp:
-        save_base(model, tok, tmp)
     print(summary_line(manifest, time.time() - t0))
     return 0
