@@ -82,25 +82,22 @@ def run(params: ExtractParams, out: Path, metrics: Path, checkpoints: Path) -> i
     loads = {source: load_samples(source, cfg) for source in cfg.sources}
     store = ShardStore(checkpoints, run_fingerprint(cfg.trace, cfg.sandbox))
     remove_stale_temporaries(out)
-    traced: dict[str, list[dict]] = {}
     stats: dict = {}
-    with open_tracer(cfg) as tracer:
+    # The folder is filled under a temporary name and renamed whole at the end: a kill never leaves a part of it.
+    with open_tracer(cfg) as tracer, atomic_dir(out) as tmp:
         print(f"extract: executor {cfg.executor}; sandbox isolation: {tracer.isolation}")
         for source, load in loads.items():
             t0 = time.time()
             rows, times, reused = trace_resumable(tracer, load.samples, source, store, cfg.dask.shard_size)
             if reused:
                 print(f"extract {source}: resumed: {reused} finished shards reused from {store.root}")
-            traced[source] = rows
+            write_traces(rows, tmp / f"{source}.parquet")
             stats[source] = source_stats(rows, len(load.skipped))
             print(summary_line(source, stats[source], time.time() - t0, times))
-    total: Counter = Counter()
-    for st in stats.values():
-        total.update({"samples": st["samples"], **st["status"]})
-    stats["total"] = dict(total)
-    with atomic_dir(out) as tmp:  # the whole folder at once: a kill never leaves a part of it
-        for source, rows in traced.items():
-            write_traces(rows, tmp / f"{source}.parquet")
+        total: Counter = Counter()
+        for st in stats.values():
+            total.update({"samples": st["samples"], **st["status"]})
+        stats["total"] = dict(total)
         # The same counts beside the traces and as DVC metrics (DVC allows no metrics file inside a tracked out).
         write_json(tmp / "stats.json", stats)
     write_json(metrics, stats)
