@@ -88,3 +88,57 @@ def test_pipeline_flow_killed_with_kill_9_then_rerun_equals_an_uninterrupted_run
     assert md5s(root, DAG_OUTPUTS) == md5s(solo, DAG_OUTPUTS), why
     assert len(md5s(root, DAG_OUTPUTS)) == len(DAG_OUTPUTS)
     assert "up to date" in dvc_run(root, "status").stdout, why
+
+
+def project_outputs(root: Path) -> list[str]:
+    """Every `outs` path of the project's dvc.yaml."""
+    import yaml
+
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    return [o if isinstance(o, str) else next(iter(o)) for s in stages.values() for o in s.get("outs", [])]
+
+
+@pytest.mark.slow
+def test_the_real_pipeline_flow_killed_with_kill_9_then_rerun_equals_an_uninterrupted_repro(
+        prefect_server: str, tmp_path: Path) -> None:
+    """The project's own dvc.yaml on the tiny params: the flow killed at a random point of its run, then run again,
+    ends with what one `dvc repro` writes (md5; the evaluation's wall times aside: tests/integration/test_kill_9.py)."""
+    from tests.integration.test_kill_9 import digest
+    from tests.integration.test_real_pipeline_dvc import GIT, copy_project, env, sh
+    from tests.tiny import tiny_params, write_params
+
+    def project(name: str) -> Path:
+        root = tmp_path / name
+        copy_project(root)
+        write_params(root / "params.yaml", tiny_params())
+        sh(root, "git", "init", "-q")
+        sh(root, "git", "add", "-A")
+        sh(root, *GIT, "commit", "-qm", "tiny")
+        return root
+
+    flow_env = {**env(), "PREFECT_API_URL": prefect_server}
+    flow = [sys.executable, "-c", "from pipelines.flows import pipeline; pipeline(repo='.')"]
+    solo = project("solo")
+    t0 = time.monotonic()
+    sh(solo, sys.executable, "-m", "dvc", "repro")
+    seconds = time.monotonic() - t0
+    outputs = project_outputs(solo)
+    want = {out: digest(solo / out) for out in outputs}
+    root = project("p")
+    seed = random.randrange(1 << 30)
+    delay = random.Random(seed).uniform(0.1, 0.9) * seconds
+    killed = subprocess.Popen(flow, cwd=root, env=flow_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    time.sleep(delay)
+    assert killed.poll() is None, "the flow ended before it could be killed"
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    why = f"flow killed {delay:.1f} s into a {seconds:.0f} s run (seed {seed})"
+    print(why)
+    for out in outputs:
+        if (root / out).exists():
+            assert digest(root / out) == want[out], f"{out}: partial after the kill: {why}"
+    proc = subprocess.run(flow, cwd=root, env=flow_env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {out: digest(root / out) for out in outputs} == want, why
+    assert "up to date" in sh(root, sys.executable, "-m", "dvc", "status"), why
