@@ -97,7 +97,7 @@ def assert_nothing_partial(ws: Path, outs: list[str], ref: dict[str, dict[str, s
 
 def test_extract_killed_after_two_shards_resumes_from_them(tmp_path: Path) -> None:
     ws = tmp_path
-    write_params(ws / "params.yaml", tiny_params(extract={"synthetic": {"n_programs": 300}, "dask": {"shard_size": 16}}))
+    write_params(ws / "params.yaml", tiny_params(extract={"synthetic": {"n_programs": 200}, "dask": {"shard_size": 16}}))
     cmd, outs = stage_run("extract", "ref")
     run(ws, ["-m", "codi", *cmd])
     ref = digest(ws / outs[0])
