@@ -51,7 +51,8 @@ def _train_paths(stage: str, start: str, start_default: str) -> dict[str, str]:
 # The stages' import closures are separate: nothing here imports a stage module (codi.infra.provenance reads this).
 COMMANDS: dict[str, Command] = {
     "extract": Command("codi.stages.extract:run", "trace every configured source in the sandbox",
-                       {"--out": "data/traces", "--metrics": "metrics/extract.json"}),
+                       {"--out": "data/traces", "--metrics": "metrics/extract.json",
+                        "--checkpoints": "checkpoints/extract"}),
     "trace": Command("codi.stages.extract:trace_file", "trace one dataset file with the extract stage's code and limits"),
     "kernels": Command("codi.stages.kernels_check:run", "the CPU kernels torch computes with here, against the reference"),
     "precompute": Command("codi.stages.precompute:run", "tokenizer + base model, spans, split caches",

@@ -72,7 +72,8 @@ class DaskConfig:
 
     address: str = option("scheduler address (tcp://host:8786); \"\" = a LocalCluster on 127.0.0.1 started by the stage")
     local_workers: int = option("worker processes of that LocalCluster", ge=1)
-    shard_size: int = option("samples per Dask task; the shard of a worker that dies reruns whole", ge=1)
+    shard_size: int = option("samples per shard: a Dask task (the shard of a worker that dies reruns whole), and "
+                             "under either executor the unit a killed extract resumes from", ge=1)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,16 @@
 """Stage `extract`: trace every configured source inside the sandbox.
 
     python -m codi extract                     # data/traces/<source>.parquet, data/traces/stats.json
+    python -m codi extract --checkpoints checkpoints/extract   # where finished shards wait for a rerun (default)
     python -m codi trace --source mbpp --path some/mbpp.jsonl --out /tmp/mbpp.parquet   # one file, same code
 
 `extract.executor: dask` traces in shards on a Dask cluster (codi/tracing/cluster.py); the files are
 byte-identical to the local executor's.
+
+Killed (kill -9, a lost machine) and rerun, the stage resumes: every shard of `extract.dask.shard_size` samples
+it finished is kept in `--checkpoints` (codi.data.trace_shards), and the rerun traces only the others. The
+output folder is written whole at the end (a temporary sibling, then a rename), so `data/traces` is either
+the previous complete output, absent, or the new complete one: never a part.
 
 A hostile or broken program is a status row, never a dead stage. Every local dataset file (`extract.paths`)
 lives under data/raw/ (a DVC dependency of this stage), so an edit to one reruns extract and what it feeds.
@@ -17,9 +23,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from codi.data.trace_shards import ShardStore, remove_stale_temporaries, run_fingerprint, trace_resumable
 from codi.data.traces import trace_samples, write_traces
 from codi.infra.config import ConfigError
-from codi.infra.files import write_json
+from codi.infra.files import atomic_dir, write_json
 from codi.schemas.extract import ExtractConfig
 from codi.sources.registry import load_samples
 from codi.tracing.cluster import open_tracer
@@ -68,27 +75,33 @@ def summary_line(source: str, st: dict, seconds: float, times: list[tuple[float,
             + (f"\n  slowest: {slowest}" if slowest else ""))
 
 
-def run(params: ExtractParams, out: Path, metrics: Path) -> int:
+def run(params: ExtractParams, out: Path, metrics: Path, checkpoints: Path) -> int:
     cfg = params.extract
     check_tracked_paths(cfg)
     # Load every source first: a malformed dataset fails before minutes of tracing.
     loads = {source: load_samples(source, cfg) for source in cfg.sources}
+    store = ShardStore(checkpoints, run_fingerprint(cfg.trace, cfg.sandbox))
+    remove_stale_temporaries(out)
     stats: dict = {}
-    with open_tracer(cfg) as tracer:
+    # The folder is filled under a temporary name and renamed whole at the end: a kill never leaves a part of it.
+    with open_tracer(cfg) as tracer, atomic_dir(out) as tmp:
         print(f"extract: executor {cfg.executor}; sandbox isolation: {tracer.isolation}")
         for source, load in loads.items():
             t0 = time.time()
-            rows, times = trace_samples(tracer, load.samples, source)
-            write_traces(rows, out / f"{source}.parquet")
+            rows, times, reused = trace_resumable(tracer, load.samples, source, store, cfg.dask.shard_size)
+            if reused:
+                print(f"extract {source}: resumed: {reused} finished shards reused from {store.root}")
+            write_traces(rows, tmp / f"{source}.parquet")
             stats[source] = source_stats(rows, len(load.skipped))
             print(summary_line(source, stats[source], time.time() - t0, times))
-    total: Counter = Counter()
-    for st in stats.values():
-        total.update({"samples": st["samples"], **st["status"]})
-    stats["total"] = dict(total)
-    # The same counts beside the traces and as DVC metrics (DVC allows no metrics file inside a tracked out).
-    write_json(out / "stats.json", stats)
+        total: Counter = Counter()
+        for st in stats.values():
+            total.update({"samples": st["samples"], **st["status"]})
+        stats["total"] = dict(total)
+        # The same counts beside the traces and as DVC metrics (DVC allows no metrics file inside a tracked out).
+        write_json(tmp / "stats.json", stats)
     write_json(metrics, stats)
+    store.clear()
     return 0
 
 

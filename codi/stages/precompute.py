@@ -4,6 +4,8 @@
 
 Keeps `ok` traces, splits by problem (stable hash), builds the base model (`model.base`), tokenizes,
 locates and checks every LINE frame's locals span (codi.data.cache_build), and writes the counts as DVC metrics.
+Each file is written atomically, and the cache's manifest.json last: killed, the stage leaves no manifest, so
+the next stage stops with an error that says to rerun precompute.
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ def run(params: PrecomputeParams, traces: Path, cache: Path, base_out: Path, met
     by_split = encode_rows(rows, tok, params.precompute, dropped)
 
     cache.mkdir(parents=True, exist_ok=True)
-    # All or none (a full disk, a kill): never new splits beside the old manifest, the manifest replaced last.
+    # All or none (a full disk, a kill): the splits and the manifest are written to temporary files and replace the
+    # previous ones together, the manifest last, after models/base: never new splits beside the old manifest or
+    # model. A kill -9 inside the final renames can leave new splits beside the old manifest: its hashes refuse them.
     with atomic_paths([*(cache / f"{split}.arrow" for split in by_split), cache / MANIFEST]) as tmps:
         shas = {split: write_split(split_rows, tmp) for (split, split_rows), tmp in zip(by_split.items(), tmps)}
         manifest = cache_manifest(by_split, shas, tok, params.precompute, params.model, dropped)
         write_json(tmps[-1], manifest)
+        with atomic_dir(base_out) as tmp:
+            save_base(model, tok, tmp)
     write_json(metrics, cache_metrics(manifest))
-    with atomic_dir(base_out) as tmp:
-        save_base(model, tok, tmp)
     print(summary_line(manifest, time.time() - t0))
     return 0
