@@ -166,6 +166,10 @@ def rung_row(name: str, params: dict[str, Any], by_split: dict[str, Any], precom
                             **{f"linear_{k}": probe["linear"][k] for k in ("all", "copy", "computed")},
                             "lens_best": max(v["all"] or 0 for v in probe["lens"].values())}
         row[split] = out
+    latent = (evaluation or {}).get("latent") or {}
+    if latent.get("first_error") is not None:  # where the wrong latent answers first left the true trace (all splits)
+        row["latent_first_error"] = dict(latent["first_error"])
+        row["latent_n"] = latent.get("n")
     size = precompute.get("tokens_by_source", {}).get(SOURCE, {})
     row["line_frames"] = size.get("mean_line_frames")
     row["computed_values"] = size.get("mean_computed_values")
