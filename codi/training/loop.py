@@ -127,6 +127,7 @@ def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> Traini
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.time() - t0
     is_main = trainer.is_world_process_zero()
+    trainer.gather_full_state()  # every rank: under FSDP, the final weights are gathered onto rank 0
     if is_main:
         with atomic_dir(paths.out) as tmp:
             trainer.save_final(tmp)
