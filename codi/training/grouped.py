@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 
+from codi.infra.config import ConfigError
 from codi.training.fsdp import (SHARDED_DIR, full_state_dict, load_sharded_model, load_sharded_optimizer,
                                 save_sharded, shard_model)
 
@@ -105,6 +106,9 @@ class LengthGroupedTrainer(Trainer):
         self._resume_from: str | None = None
         self.fsdp = getattr(section, "strategy", "ddp") == "fsdp" and self.args.world_size > 1
         self._full_state: dict[str, torch.Tensor] | None = None
+        if self.fsdp and self.is_fsdp_enabled:
+            raise ConfigError("strategy = 'fsdp' under accelerate's own FSDP (configs/accelerate/fsdp.yaml): the stage "
+                              "shards the model itself; launch it with torchrun or configs/accelerate/multi_gpu.yaml")
         if self.fsdp:
             groups = shard_model(self.model, self.args.device.type, layer_groups=self.fsdp_layer_groups)
             # The model reduces its own gradients: the Trainer must not wrap it in DDP nor move it again (its

@@ -83,7 +83,8 @@ def assert_close_weights(a: Path, b: Path, tol: float = TOL) -> None:
     assert worst <= tol, f"largest weight difference {worst:.3g} > {tol}"
 
 
-@pytest.mark.parametrize("stage", ["sft", pytest.param("codi", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["sft", "codi"])
 def test_fsdp_trains_what_ddp_trains(ws, stage):
     """2 processes, the same global batch: the loss curve (every step) and the final weights agree to 1e-5, and
     the final folder is DDP's: the same files, the same config, loadable by from_pretrained."""
@@ -133,8 +134,10 @@ def damage(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize("strategy, victim", [("ddp", "model.safetensors"), ("fsdp", "sharded/__1_0.distcp"),
-                                              ("fsdp", "sharded/.metadata")])
+@pytest.mark.parametrize("strategy, victim", [
+    ("fsdp", "sharded/__1_0.distcp"),                   # the default suite's one FSDP run (~50 s with the fixture)
+    pytest.param("fsdp", "sharded/.metadata", marks=pytest.mark.slow),
+    pytest.param("ddp", "model.safetensors", marks=pytest.mark.slow)])
 def test_a_damaged_checkpoint_is_one_error_line_and_exit_2(ws, strategy, victim):
     """A checkpoint saved whole (trainer_state.json present) with a file cut short: no traceback, no resume from
     an older checkpoint, one `error:` line naming the file and what to delete."""
