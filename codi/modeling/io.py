@@ -75,10 +75,11 @@ class LoadedCodi:
 
 
 def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra: dict[str, Any] | None = None,
-                    base: nn.Module | None = None) -> Path:
+                    base: nn.Module | None = None, projector_state: dict[str, Any] | None = None) -> Path:
     """Write `model` (base + projector), `tokenizer` and codi_config.json into `out_dir`; returns it.
 
-    `base`: the causal LM to write instead of `model.model` (a LoRA run's merged model, codi.modeling.lora)."""
+    `base`: the causal LM to write instead of `model.model` (a LoRA run's merged model, codi.modeling.lora);
+    `projector_state`: the projector's weights to write instead of `model.projector`'s (FSDP's gathered ones)."""
     if not isinstance(model, CodiModel):
         raise ValueError(f"save_codi_model: expected a CodiModel (unwrap DDP with .module), got {type(model).__name__}")
     extra = dict(extra or {})
@@ -94,7 +95,8 @@ def save_codi_model(model: CodiModel, tokenizer: Any, out_dir: str | Path, extra
     out.mkdir(parents=True, exist_ok=True)
     (base if base is not None else model.model).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.projector.state_dict().items()}, str(out / PROJECTOR_FILE))
+    projector = projector_state if projector_state is not None else model.projector.state_dict()
+    save_file({k: v.detach().contiguous().cpu() for k, v in projector.items()}, str(out / PROJECTOR_FILE))
     cfg = {"format_version": FORMAT_VERSION, **dataclasses.asdict(model.options), **dataclasses.asdict(model.weights),
            "hidden_size": model.model.config.get_text_config().hidden_size,
            "frozen_teacher": model.frozen_teacher is not None, "token_ids": model.token_ids.as_dict(), "extra": extra}

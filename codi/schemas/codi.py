@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from codi.infra.config import option
+from codi.infra.config import ConfigError, option
 from codi.schemas.options import CodiOptions, LossWeights
 from codi.schemas.train import TrainConfig
 
@@ -35,6 +35,11 @@ class CodiConfig(TrainConfig, CodiOptions):
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)
         CodiOptions.__post_init__(self)
+        if self.strategy == "fsdp" and self.recon_weight > 0:
+            # the latent probe after training runs the reconstruction decoder on the main process alone, and
+            # under FSDP that decoder's weights are sharded over every process
+            raise ConfigError("codi.strategy = 'fsdp' with recon_weight > 0: the reconstruction probe needs the "
+                              "unsharded model on one process; use strategy: ddp")
 
     @property
     def options(self) -> CodiOptions:

@@ -36,6 +36,10 @@ class TrainConfig:
     torch_threads: int = option("torch intra-op threads on CPU; 0 = torch's default (1 is fastest for tiny models)", ge=0)
     cpu_processes: int = option("data-parallel CPU processes (gloo) when there is no GPU; global batch = "
                                     "batch_size x processes x grad_accum", ge=1)
+    strategy: Literal["ddp", "fsdp"] = option(
+        "how several processes share the model: ddp = every process holds all of it (the gradients all-reduced); "
+        "fsdp = FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over the processes, "
+        "checkpoints sharded (torch.distributed.checkpoint), the final folder a plain HF one; docs/SCALE.md")
     seed: int = option("seed of weights-independent randomness (data order, dropout)")
     lora: LoraConfig = option("LoRA / QLoRA adapters instead of full fine-tuning (r = 0: off); docs/LORA.md")
 
@@ -43,6 +47,11 @@ class TrainConfig:
         if self.keep == "best" and self.save_steps % self.eval_steps:
             raise ConfigError(f"save_steps = {self.save_steps} with keep = 'best': expected a multiple of "
                               f"eval_steps ({self.eval_steps}); the best model must have been saved")
+        if self.strategy == "fsdp" and self.lora.enabled:
+            # The adapters would be plain tensors beside the sharded base, and a LoRA checkpoint is the adapter
+            # alone: FSDP's sharded checkpoint and its gathered final folder are written for full fine-tuning.
+            raise ConfigError("strategy = 'fsdp' with lora.r > 0: FSDP trains every weight (full fine-tuning); "
+                              "use strategy: ddp for LoRA")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ from step 0: a checkpoint is never continued under other data, model, hyperparam
 
     root = checkpoint_root(Path("checkpoints/sft"), "sft", fingerprint)   # where that folder is
 
+A checkpoint whose save was interrupted (a kill: no readable trainer_state.json, the file written last) is skipped
+for the one before it. A checkpoint that was saved whole but is damaged since (a file missing, truncated, or a
+torch.save archive failing its CRC; DDP's files or FSDP's sharded ones) stops the stage with one error naming the
+file and saying what to delete (CorruptCheckpoint, exit 2): resuming from an older one would hide the damage.
+
 A DVC experiment run with `--temp`, from the queue, or by the experiments flow runs in a temporary copy of the
 repository (`<repo>/.dvc/tmp/exps/[standalone/]tmp*`) that a kill leaves behind and the next run does not reuse: its
 checkpoints live in the repository's own `checkpoints/exps/<stage>-<fingerprint digest>/`, where the rerun of
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from codi.infra.config import UserError
 from codi.infra.files import file_sha256, write_json
 from codi.infra.provenance import code_digest, stage_code_files
 
@@ -130,15 +136,27 @@ class CheckpointDir:
             write_json(run_file, self.fingerprint, sort_keys=True)
             return None
         for ckpt in sorted(self.checkpoints(), key=checkpoint_step, reverse=True):
-            problem = checkpoint_problem(ckpt)
-            if problem is None:
-                print(f"resuming from {ckpt}")
-                return str(ckpt)
-            print(f"warning: skipping incomplete checkpoint {ckpt}: {problem}")
+            problem = interrupted_save(ckpt)
+            if problem is not None:  # killed while saving: the checkpoint before it is the last complete one
+                print(f"warning: skipping incomplete checkpoint {ckpt}: {problem}")
+                continue
+            damaged = damaged_file(ckpt)
+            if damaged is not None:  # saved whole, damaged since: resuming from an older one would hide it
+                raise corrupt_checkpoint(damaged[0], damaged[1], ckpt, self.root, self.fingerprint.get("stage"))
+            print(f"resuming from {ckpt}")
+            return str(ckpt)
         return None
 
     def checkpoints(self) -> list[Path]:
         return [p for p in Path(self.root).glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and checkpoint_step(p) >= 0]
+
+
+def corrupt_checkpoint(file: Path, problem: str, ckpt: Path, root: Path, stage: str | None) -> CorruptCheckpoint:
+    """The one-line error of a damaged checkpoint: the file, and the two ways out."""
+    stage = stage or "training"
+    return CorruptCheckpoint(f"{file}: {problem}: checkpoint {ckpt} of the {stage} stage is corrupted; delete "
+                             f"{root} to restart the {stage} stage from step 0 (or delete {ckpt} alone to resume "
+                             "from the checkpoint before it)")
 
 
 def checkpoint_step(p: str | Path) -> int:
@@ -149,36 +167,76 @@ def checkpoint_step(p: str | Path) -> int:
         return -1
 
 
-def checkpoint_problem(ckpt: Path, extra_files: tuple[str, ...] = ()) -> str | None:
-    """Why `ckpt` cannot be resumed from (None if it can): missing or truncated files.
+class CorruptCheckpoint(UserError):
+    """A checkpoint whose save completed (trainer_state.json is written last) but whose files are damaged since."""
 
-    HF's get_last_checkpoint takes the highest number without looking; a kill during a save leaves a folder
-    that makes the resume crash. torch.save files are zip archives; safetensors files carry their header length.
-    A LoRA run's checkpoint (adapter_config.json present) holds the adapter's weights instead of the model's
-    config: adapter_model.safetensors is its model weights (codi.modeling.lora)."""
+
+def checkpoint_problem(ckpt: Path, extra_files: tuple[str, ...] = ()) -> str | None:
+    """Why `ckpt` cannot be resumed from (None if it can): an interrupted save, or missing or damaged files."""
+    interrupted = interrupted_save(ckpt)
+    if interrupted is not None:
+        return interrupted
+    damaged = damaged_file(ckpt, extra_files)
+    return None if damaged is None else damaged[1]
+
+
+def interrupted_save(ckpt: Path) -> str | None:
+    """Why the save of `ckpt` did not finish (None if it did). HF's get_last_checkpoint takes the highest number
+    without looking; a kill during a save leaves a folder without a readable trainer_state.json, the file the
+    Trainer writes last, once every rank's files are on disk."""
     try:
         state = json.loads((ckpt / "trainer_state.json").read_text())
     except (OSError, ValueError):
         return "trainer_state.json missing or unreadable"
-    if state.get("global_step") != checkpoint_step(ckpt):
-        return f"trainer_state.json says step {state.get('global_step')}"
-    adapter = (ckpt / "adapter_config.json").is_file()
-    for name in ("adapter_model.safetensors" if adapter else "config.json", *extra_files):
-        if not (ckpt / name).is_file():
-            return f"{name} missing"
-    weights = list(ckpt.glob("*.safetensors"))
-    if not weights:
-        return "no model weights"
-    for w in weights:
-        if not _safetensors_complete(w):
-            return f"{w.name} truncated"
-    for name in ("optimizer.pt", "scheduler.pt"):
-        if not ((ckpt / name).exists() and zipfile.is_zipfile(ckpt / name)):
-            return f"{name} missing or truncated"
-    rng = list(ckpt.glob("rng_state*.pth"))
-    if not rng or not all(zipfile.is_zipfile(r) for r in rng):
-        return "RNG state missing or truncated"
+    if not isinstance(state, dict) or state.get("global_step") != checkpoint_step(ckpt):
+        return f"trainer_state.json says step {state.get('global_step') if isinstance(state, dict) else state!r}"
     return None
+
+
+def damaged_file(ckpt: Path, extra_files: tuple[str, ...] = ()) -> tuple[Path, str] | None:
+    """The first missing, truncated or corrupted file of `ckpt` and what is wrong with it ("<name> <how>"); None
+    if every file checks out. torch.save files are zip archives whose members carry a CRC (all checked);
+    safetensors files carry their header length; a sharded (FSDP) checkpoint's .metadata lists every byte range.
+    A LoRA run's checkpoint (adapter_config.json present) holds the adapter's weights instead of the model's
+    config: adapter_model.safetensors is its model weights (codi.modeling.lora)."""
+    from codi.training.fsdp import SHARDED_DIR, sharded_checkpoint_problem
+
+    sharded = (ckpt / SHARDED_DIR).is_dir()
+    adapter = (ckpt / "adapter_config.json").is_file()
+    required = () if sharded else ("adapter_model.safetensors" if adapter else "config.json",)
+    for name in (*required, *extra_files):
+        if not (ckpt / name).is_file():
+            return ckpt / name, f"{name} missing"
+    if sharded:
+        bad = sharded_checkpoint_problem(ckpt / SHARDED_DIR)
+        if bad is not None:
+            return bad[0], f"{bad[0].relative_to(ckpt)} {bad[1]}"
+    else:
+        weights = sorted(ckpt.glob("*.safetensors"))
+        if not weights:
+            return ckpt, "no model weights"
+        for w in weights:
+            if not _safetensors_complete(w):
+                return w, f"{w.name} truncated"
+    for name in ("scheduler.pt",) if sharded else ("optimizer.pt", "scheduler.pt"):
+        if not (ckpt / name).exists() or not _zip_intact(ckpt / name):
+            return ckpt / name, f"{name} missing or truncated"
+    rng = sorted(ckpt.glob("rng_state*.pth"))
+    if not rng:
+        return ckpt, "RNG state missing or truncated"
+    for r in (*rng, *sorted(ckpt.glob("sampler_state*.pth"))):
+        if not _zip_intact(r):
+            return r, f"{r.name} truncated"
+    return None
+
+
+def _zip_intact(path: Path) -> bool:
+    """A torch.save archive whose every member reads back with its CRC."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.testzip() is None
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        return False
 
 
 def _safetensors_complete(path: Path) -> bool:

@@ -8,8 +8,10 @@ It is the one writer of codi model folders (codi.modeling.io): checkpoints and t
 
 from __future__ import annotations
 
+import copy
 import os
 import random
+import types
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,24 @@ def _tied_state(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in lm.state_dict().items() if not (tied and k == "lm_head.weight")}
 
 
+def plain_causal_lm(like: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """An unsharded causal LM of `like`'s config and generation config holding `state` (FSDP's gathered weights):
+    what save_pretrained writes of it is what it writes of the LM a DDP run trained."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(iter(state.values())).dtype if state else torch.float32
+    with torch.random.fork_rng():  # its initialisation is overwritten: it must not move the run's RNG
+        plain = AutoModelForCausalLM.from_config(like.config, dtype=dtype)
+    plain.generation_config = copy.deepcopy(like.generation_config)
+    result = plain.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if plain.config.tie_word_embeddings else set()
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        raise RuntimeError(f"gathered weights do not match the model (missing {result.missing_keys[:3]}, "
+                           f"unexpected {result.unexpected_keys[:3]})")
+    plain.tie_weights()
+    return plain
+
+
 def save_recon_decoder(model, folder: str | Path) -> None:
     """The auxiliary reconstruction decoder of a checkpoint (none to save under recon_decoder shared)."""
     if model.recon_model is not None:
@@ -99,6 +119,10 @@ class CodiTrainer(LengthGroupedTrainer):
     - folders: the final model (`save_final`) is a codi model folder (`load_codi_model`); a checkpoint is the
       same folder plus the reconstruction decoder, optimizer, scheduler and RNG states. Both record the step,
       the experiment and `record` (the params the run was trained with) in codi_config.json's `extra`."""
+
+    # Under FSDP one group for the whole CodiModel: it runs the LM's layers a batch-dependent number of times, and
+    # per-layer groups would all-gather a different number of times on each rank (codi.training.fsdp).
+    fsdp_layer_groups = False
 
     def __init__(self, *args: Any, section: CodiConfig, **kwargs: Any):
         super().__init__(*args, section=section, **kwargs)
@@ -187,8 +211,14 @@ class CodiTrainer(LengthGroupedTrainer):
         sums = torch.zeros(len(names) + 2, dtype=torch.float64)  # loss, sub-losses..., count
         bs = self.args.per_device_eval_batch_size
         mine = list(range(rank, len(ds), world))  # each rank a shard; the sums are all-reduced
+        # Under FSDP every forward all-gathers, so every rank runs as many as the rank with most: a rank out of
+        # examples runs one more batch of example 0 and counts none of it.
+        extra = -(-len(ds) // world) - len(mine) if self.fsdp else 0
         with torch.no_grad():
-            for s in range(0, len(mine), bs):
+            for s in range(0, len(mine) + extra, bs):
+                if s >= len(mine):
+                    core(collate_examples([ds[0]])["examples"])
+                    continue
                 batch = [ds[k] for k in mine[s:s + bs]]
                 out = core(collate_examples(batch)["examples"])
                 vals = [out["loss"].item(), *(out[k].item() for k in names)]
@@ -204,22 +234,41 @@ class CodiTrainer(LengthGroupedTrainer):
     def _val_latent_accuracy(self, core, ds, k: int) -> float:
         exs = [ds[i] for i in range(k)]
         frame_sep = core.token_ids.frame_sep
-        results = iter_decode(
-            "latent", core.model, self.processing_class, [e["prompt_ids"] for e in exs], projector=core.projector,
-            latent_steps=core.options.latent_steps, value_feedback=core.options.value_feedback,
-            latent_unit=core.options.latent_unit, frames_per_block=core.options.frames_per_block,
-            batch_size=self.args.per_device_eval_batch_size,
-            max_new_tokens=max(len(e["trace_ids"]) for e in exs) + 64,
-            max_frames=max(e["trace_ids"].count(frame_sep) for e in exs) + 8)
+
+        def decode() -> list:
+            return list(iter_decode(
+                "latent", core.model, self.processing_class, [e["prompt_ids"] for e in exs], projector=core.projector,
+                latent_steps=core.options.latent_steps, value_feedback=core.options.value_feedback,
+                latent_unit=core.options.latent_unit, frames_per_block=core.options.frames_per_block,
+                batch_size=self.args.per_device_eval_batch_size,
+                max_new_tokens=max(len(e["trace_ids"]) for e in exs) + 64,
+                max_frames=max(e["trace_ids"].count(frame_sep) for e in exs) + 8))
+
+        if self.fsdp:  # the decoder calls the LM and the projector, not the root: run it as a forward of the root,
+            # whose hooks gather the weights for it (every rank decodes the same examples: the same collectives)
+            if not hasattr(core, "run_unsharded"):
+                from torch.distributed.fsdp import register_fsdp_forward_method
+
+                core.run_unsharded = types.MethodType(lambda _module, fn: fn(), core)
+                register_fsdp_forward_method(core, "run_unsharded")
+            results = core.run_unsharded(decode)
+        else:
+            results = decode()
         return sum(answers_match(r.answer, truth) for r, truth in zip(results, self.val_answers)) / k
 
     def save_final(self, folder: str | Path) -> None:
         """A codi model folder of the model as it is now (the final model; the core of a checkpoint). Under LoRA:
         the merged base + projector (what load_codi_model and evaluate read), the adapter in `adapter/`."""
         merged = self.weights.final_lm(folder)
+        projector_state = None
+        if self.fsdp:  # the weights gathered on this rank (gather_full_state), into a plain copy of the LM
+            full = self._full_state or {}
+            merged = plain_causal_lm(self.weights.lm, {k[len("model."):]: v for k, v in full.items()
+                                                       if k.startswith("model.")})
+            projector_state = {k[len("projector."):]: v for k, v in full.items() if k.startswith("projector.")}
         save_codi_model(self.accelerator.unwrap_model(self.model), self.processing_class, folder,
                         extra={"step": self.state.global_step, "experiment": experiment_name(), "params": self.record},
-                        base=merged)
+                        base=merged, projector_state=projector_state)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         if not self.args.should_save:
@@ -238,7 +287,11 @@ class CodiTrainer(LengthGroupedTrainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if self.fsdp:  # the sharded checkpoint holds the whole CodiModel
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
         load_codi_weights(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint, self.weights)
 
     def _load_best_model(self) -> None:
+        if self.fsdp:
+            return super()._load_best_model()
         load_codi_weights(self.accelerator.unwrap_model(self.model), self.state.best_model_checkpoint, self.weights)

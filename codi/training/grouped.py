@@ -13,10 +13,19 @@ resumed inside epoch e starts from a fresh RNG, not the state epoch e's order wa
 epoch on it would train on another order. The sampler remembers the state it drew from and every checkpoint
 holds it (`sampler_state[_<rank>].pth`), so a resumed run draws the same order: killed at any checkpoint, on
 one process or N, it ends with the uninterrupted run's weights (tests/integration/test_training_procs.py).
+
+FSDP (`section.strategy: fsdp` on more than one process, codi.training.fsdp): the Trainer shards the model with
+FSDP2 itself instead of letting accelerate wrap it in DDP. A checkpoint then holds the model and optimizer state
+as torch.distributed.checkpoint shards (`sharded/`, every rank its own) beside the usual scheduler, RNG, sampler
+and trainer state; the final folder is the same HF folder as DDP's, written by rank 0 from the weights every
+rank helped gather (`gather_full_state`). The same data order, loss scaling, clipping and optimizer: FSDP trains
+what DDP trains, to float rounding (tests/integration/test_fsdp.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +34,10 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
+
+from codi.infra.config import ConfigError
+from codi.training.fsdp import (SHARDED_DIR, full_state_dict, load_sharded_model, load_sharded_optimizer,
+                                save_sharded, shard_model)
 
 if TYPE_CHECKING:
     from codi.schemas.train import TrainConfig
@@ -79,6 +92,8 @@ class LengthGroupedTrainer(Trainer):
     The cache knows every example's length without touching its token buffers (`CacheDataset.lengths`); HF's
     own group_by_length only knows `datasets.Dataset` columns or items with `input_ids`."""
 
+    fsdp_layer_groups = True  # under FSDP, each decoder layer its own group (codi.training.fsdp.shard_model)
+
     def __init__(self, *args: Any, section: TrainConfig, weights: Weights, record: dict[str, Any] | None = None,
                  **kwargs: Any):
         """`section`: the stage's params section (group_by_length; a subclass reads its own options there);
@@ -89,6 +104,20 @@ class LengthGroupedTrainer(Trainer):
         self.group_by_length = section.group_by_length
         self._grouped_sampler: ResumableLengthGroupedSampler | None = None
         self._resume_from: str | None = None
+        self.fsdp = getattr(section, "strategy", "ddp") == "fsdp" and self.args.world_size > 1
+        self._full_state: dict[str, torch.Tensor] | None = None
+        if self.fsdp and self.is_fsdp_enabled:
+            raise ConfigError("strategy = 'fsdp' under accelerate's own FSDP (configs/accelerate/fsdp.yaml): the stage "
+                              "shards the model itself; launch it with torchrun or configs/accelerate/multi_gpu.yaml")
+        if self.fsdp:
+            groups = shard_model(self.model, self.args.device.type, layer_groups=self.fsdp_layer_groups)
+            # The model reduces its own gradients: the Trainer must not wrap it in DDP nor move it again (its
+            # path for a model sharded at load time, which this one is to it).
+            self.is_distributed_loading_by_transformers = True
+            if self.args.process_index == 0:
+                what = "each decoder layer, then the rest" if self.fsdp_layer_groups else "the whole model"
+                print(f"FSDP2: {sum(p.numel() for p in self.model.parameters()):,} parameters in {groups} "
+                      f"group(s) ({what}), sharded over {self.args.world_size} processes", flush=True)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         self._resume_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
@@ -108,6 +137,57 @@ class LengthGroupedTrainer(Trainer):
         # Every rank's RNG and sampler files are on disk before rank 0 writes trainer_state.json, the file whose
         # presence marks a checkpoint complete (codi.training.checkpoints).
         self.accelerator.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def _defer_fsdp_gradient_reduction(self):
+        """No reduce-scatter until the last micro-batch of a step (the analogue of DDP's no_sync)."""
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if not (self.fsdp and _internal_call):
+            return super().save_model(output_dir, _internal_call)
+        # A checkpoint under FSDP: every rank writes its shard of the model and the optimizer state.
+        output_dir = output_dir or self.args.output_dir
+        save_sharded(Path(output_dir) / SHARDED_DIR, self.model, self.optimizer)
+        if self.args.should_save:
+            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if not self.fsdp:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:  # the optimizer is in the shards already; the schedule is every rank's
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if not self.fsdp:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        load_sharded_model(Path(resume_from_checkpoint) / SHARDED_DIR, self.model)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if not self.fsdp or checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        load_sharded_optimizer(Path(checkpoint) / SHARDED_DIR, self.model, self.optimizer)
+        self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, "scheduler.pt"), weights_only=True))
+
+    def _load_best_model(self) -> None:
+        if not self.fsdp:
+            return super()._load_best_model()
+        load_sharded_model(Path(self.state.best_model_checkpoint) / SHARDED_DIR, self.model)
+
+    def gather_full_state(self) -> None:
+        """Every rank calls it before rank 0 writes the final folder: under FSDP, the all-gather of the weights
+        (rank 0 keeps them on CPU); nothing otherwise."""
+        if self.fsdp:
+            self._full_state = full_state_dict(self.model)
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        if self.fsdp and state_dict is None:  # the final folder: the gathered weights, written as DDP's are
+            state_dict = self._full_state
+        super()._save(output_dir, state_dict)
 
     def save_final(self, folder: str | Path) -> None:
         """The stage's final model folder (codi.training.loop): HF format, as a checkpoint holds it (under LoRA the

@@ -14,6 +14,7 @@ the final model (`save_final`) alike; the stage gets a TrainingRun, not the trai
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from codi.infra.files import atomic_dir
 from codi.schemas.train import TrainConfig
 from codi.schemas.wandb import WandbConfig
 from codi.training.args import training_arguments
-from codi.training.checkpoints import CheckpointDir, checkpoint_root, checkpoint_step
+from codi.training.checkpoints import CheckpointDir, CorruptCheckpoint, checkpoint_root, checkpoint_step
 from codi.training.tracking import LiveMetrics, experiment_name, finish_wandb, setup_wandb
 from codi.training.weights import Weights
 
@@ -115,7 +116,12 @@ def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> Traini
             print(f"{job.stage}: checkpoints in {ck_root} (this DVC experiment's temporary copy would not outlive a "
                   "kill; a rerun of the same experiment resumes from there)", flush=True)
     with args.main_process_first(local=False, desc="checkpoint folder"):
-        resume = CheckpointDir(ck_root, job.fingerprint).prepare()
+        try:
+            resume = CheckpointDir(ck_root, job.fingerprint).prepare()
+        except CorruptCheckpoint:
+            if is_main:
+                raise
+            sys.exit(2)  # the main process found it first and prints the one error line
     args.report_to = setup_wandb(wandb_cfg, job.stage, job.logged, is_main)
     session = SessionStart()
     callbacks = [session] + ([LiveMetrics(paths.live, checkpoint_step(resume) if resume else None)] if is_main else [])
@@ -127,6 +133,7 @@ def train(job: TrainingJob, paths: StagePaths, wandb_cfg: WandbConfig) -> Traini
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.time() - t0
     is_main = trainer.is_world_process_zero()
+    trainer.gather_full_state()  # every rank: under FSDP, the final weights are gathered onto rank 0
     if is_main:
         with atomic_dir(paths.out) as tmp:
             trainer.save_final(tmp)

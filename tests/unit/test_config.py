@@ -152,3 +152,16 @@ def test_each_stage_reads_the_sections_it_depends_on():
         read = {f.name for f in dataclasses.fields(view)}
         assert keys <= read, name
         assert read - keys <= NOT_RESULTS, name
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"sft.strategy": "fsdp", "sft.lora.r": 8}, "strategy = 'fsdp' with lora.r > 0"),
+    ({"codi.strategy": "fsdp", "codi.recon_weight": 0.5}, "codi.strategy = 'fsdp' with recon_weight > 0"),
+    ({"codi.strategy": "zero3"}, "codi.strategy"),
+])
+def test_fsdp_refuses_what_it_cannot_shard(raw, changes, message):
+    data = raw
+    for dotted, value in changes.items():
+        data = with_value(data, dotted, value)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        params_from_dict(data, source="params.yaml")

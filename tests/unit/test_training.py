@@ -12,7 +12,7 @@ import torch
 
 from codi.data.batching import IGNORE_INDEX, CausalLMCollator
 from codi.infra.files import atomic_dir
-from codi.training.checkpoints import CheckpointDir, checkpoint_problem
+from codi.training.checkpoints import CheckpointDir, CorruptCheckpoint, checkpoint_problem
 from codi.training.tracking import finish_wandb, setup_wandb
 from tests.tiny import shipped
 
@@ -122,17 +122,70 @@ def fake_checkpoint(root: Path, step: int, truncate: str | None = None) -> Path:
     return d
 
 
-@pytest.mark.parametrize("broken", ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
-def test_truncated_newest_checkpoint_is_skipped(tmp_path, capsys, broken):
+def test_an_interrupted_save_is_skipped(tmp_path, capsys):
+    """A kill while saving leaves no readable trainer_state.json (written last): the checkpoint before it resumes."""
     fp = {"params": 1}
     ck = CheckpointDir(tmp_path / "ck", fp)
     assert ck.prepare() is None  # fresh: writes run.json
     fake_checkpoint(ck.root, 10)
-    fake_checkpoint(ck.root, 20, truncate=broken)
+    fake_checkpoint(ck.root, 20, truncate="trainer_state.json")
     assert checkpoint_problem(ck.root / "checkpoint-20") is not None
     assert CheckpointDir(tmp_path / "ck", fp).prepare() == str(ck.root / "checkpoint-10")
     out = capsys.readouterr().out
     assert "skipping incomplete checkpoint" in out and "checkpoint-20" in out
+
+
+def flip_a_middle_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("broken, how", [("model.safetensors", "truncate"), ("optimizer.pt", "truncate"),
+                                         ("rng_state.pth", "truncate"), ("optimizer.pt", "flip"),
+                                         ("config.json", "delete")])
+def test_a_damaged_checkpoint_is_an_error_naming_the_file(tmp_path, broken, how):
+    """Saved whole (trainer_state.json present), damaged since: an error naming the file and what to delete,
+    not a silent resume from an older checkpoint."""
+    fp = {"stage": "sft", "params": 1}
+    ck = CheckpointDir(tmp_path / "ck", fp)
+    ck.prepare()
+    fake_checkpoint(ck.root, 10)
+    d = fake_checkpoint(ck.root, 20, truncate=broken if how == "truncate" else None)
+    if how == "flip":
+        flip_a_middle_byte(d / broken)  # a torch.save archive: its members' CRC no longer matches
+    elif how == "delete":
+        (d / broken).unlink()
+    with pytest.raises(CorruptCheckpoint) as e:
+        CheckpointDir(tmp_path / "ck", fp).prepare()
+    msg = str(e.value)
+    assert msg.startswith(str(d / broken)) and f"delete {ck.root} to restart the sft stage from step 0" in msg
+    assert "\n" not in msg
+
+
+def test_a_damaged_sharded_checkpoint_is_an_error_naming_the_file(tmp_path):
+    """FSDP's format: torch.distributed.checkpoint shards, whose .metadata lists every byte range."""
+    import torch.distributed.checkpoint as dcp
+
+    fp = {"stage": "codi", "params": 1}
+    ck = CheckpointDir(tmp_path / "ck", fp)
+    ck.prepare()
+    d = ck.root / "checkpoint-4"
+    dcp.save({"model": {"w": torch.arange(4096.0)}}, checkpoint_id=str(d / "sharded"))  # one process: no group
+    for name in ("scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"):
+        torch.save({"x": torch.zeros(8)}, d / name)
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    assert checkpoint_problem(d) is None
+    assert CheckpointDir(tmp_path / "ck", fp).prepare() == str(d)
+    [shard] = (d / "sharded").glob("*.distcp")
+    data = shard.read_bytes()
+    shard.write_bytes(data[:100])
+    with pytest.raises(CorruptCheckpoint, match=f"^{shard}: sharded/{shard.name} truncated"):
+        CheckpointDir(tmp_path / "ck", fp).prepare()
+    shard.write_bytes(data)
+    (d / "sharded/.metadata").write_bytes(b"not a pickle")
+    with pytest.raises(CorruptCheckpoint, match="sharded/.metadata unreadable.*delete .* to restart the codi stage"):
+        CheckpointDir(tmp_path / "ck", fp).prepare()
 
 
 def test_a_different_run_never_resumes(tmp_path, capsys):
