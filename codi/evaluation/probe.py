@@ -51,7 +51,9 @@ class ProbeBlocks:
 def collect_blocks(codi_model, examples: Sequence[dict[str, Any]], slots: Sequence[Sequence[AssignedValue | None]],
                    batch_size: int, progress: str | None = None) -> ProbeBlocks:
     """The blocks of `examples` (codi-contract dicts with `problem_id`) that stand for a LINE frame with an
-    assigned value (`slots`, codi.data.values.assigned_values per example), from CodiModel.block_states."""
+    assigned value (`slots`, codi.data.values.assigned_values per example), from CodiModel.block_states. A block of
+    several LINE frames (codi.frames_per_block) is probed for its first frame's value (frame j's slot is latent
+    latent_steps - frames_per_block + j, and the probe reads every position of the block)."""
     states, labels, kinds, index, problems = [], [], [], [], []
     starts = range(0, len(examples), batch_size)
     if progress:
@@ -59,14 +61,18 @@ def collect_blocks(codi_model, examples: Sequence[dict[str, Any]], slots: Sequen
         starts = tqdm(starts, desc=progress, unit="batch")
     for s in starts:
         chunk = examples[s:s + batch_size]
-        for ex, ex_slots, blocks in zip(chunk, slots[s:s + batch_size], codi_model.block_states(chunk)):
-            for k, (slot, block) in enumerate(zip(ex_slots, blocks)):
+        plans = codi_model.plans(chunk)
+        for ex, plan, ex_slots, blocks in zip(chunk, plans, slots[s:s + batch_size], codi_model.block_states(chunk)):
+            for k, block in enumerate(blocks):
+                # block k stands for LINE frame k, or (codi.frames_per_block) for a run of frames: the first one's value
+                frame = plan.value_index(k, 0)
+                slot = ex_slots[frame] if frame < len(ex_slots) else None
                 if slot is None:
                     continue
                 states.append(block.numpy())
                 labels.append(ex["trace_ids"][slot.pos])
                 kinds.append(slot.kind)
-                index.append(k)
+                index.append(frame)
                 problems.append(ex["problem_id"])
     if not states:
         return ProbeBlocks(np.zeros((0, 0, 0), dtype=np.float32), np.zeros(0, dtype=np.int64))

@@ -194,7 +194,7 @@ class CodiModel(nn.Module):
             raise ValueError(f"ss_prob = {ss_prob!r}: expected a probability in [0, 1]")
         if ss_prob > 0 and ss_rng is None:
             raise ValueError("ss_rng: scheduled sampling (ss_prob > 0) needs an explicit random.Random or torch.Generator")
-        plans = self._plans(examples, latent_share, values=self.options.uses_values, latent_count=latent_count)
+        plans = self.plans(examples, latent_share, values=self.options.uses_values, latent_count=latent_count)
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
@@ -240,9 +240,10 @@ class CodiModel(nn.Module):
                 "kd_loss": kd_loss.detach(), "recon_loss": recon_loss.detach(), "value_loss": value_loss.detach(),
                 "value_kd_loss": value_kd_loss.detach()}
 
-    def _plans(self, examples: Sequence[dict[str, Any]], latent_share: float = 1.0, values: bool = False,
+    def plans(self, examples: Sequence[dict[str, Any]], latent_share: float = 1.0, values: bool = False,
                latent_count: int | None = None) -> list[ExamplePlan]:
-        """Each example's plan (codi.modeling.plan.plan_example) under this model's options."""
+        """Each example's plan (codi.modeling.plan.plan_example) under this model's options: its latent spans, and in
+        a multi-frame block (codi.frames_per_block) the LINE frames each one stands for (`block_frames`)."""
         o = self.options
         return [plan_example(ex, e, self.token_ids, latent_share, o.kd_positions, values=values, latent_count=latent_count,
                              unit=o.latent_unit, frames_per_block=o.frames_per_block) for e, ex in enumerate(examples)]
@@ -570,7 +571,7 @@ class CodiModel(nn.Module):
         was = self.training
         self.eval()
         try:
-            plans = self._plans(examples)
+            plans = self.plans(examples)
             _, _, latents, _ = self._student(plans, [[False] * p.n_spans for p in plans])
             inputs, targets, _ = self.recon_inputs(plans, latents)
             body, head, _ = split_causal_lm(self.recon_lm, "codi recon decoder")
@@ -627,7 +628,7 @@ class CodiModel(nn.Module):
         was = self.training
         self.eval()
         try:
-            plans = self._plans(examples)
+            plans = self.plans(examples)
             states: dict[tuple[int, int], torch.Tensor] = {}
             self._student(plans, [[False] * p.n_spans for p in plans], block_states=states)
             return [[states[(e, s)].float().cpu() for s in range(p.n_spans)] for e, p in enumerate(plans)]

@@ -153,7 +153,7 @@ def test_multi_frame_blocks_equal_the_oracle_on_the_blocks_spans(frames_per_bloc
                        recon_weight=0.5)
     examples = multi_frame_batch()
     blocks = [dict(ex, spans=[(p.spans[s][0], p.resume[s]) for s in range(p.n_spans)])
-              for ex, p in zip(examples, model._plans(examples))]
+              for ex, p in zip(examples, model.plans(examples))]
     assert any(len(b["spans"]) < len(ex["spans"]) for b, ex in zip(blocks, examples))  # some block holds 2+ frames
     assert_equal_to_oracle(model, examples, oracle_examples=blocks)
 
@@ -169,7 +169,7 @@ def test_each_frame_of_a_block_has_its_value_slot_at_its_own_latent():
     out = on(exs)
     states = off.block_states(exs)  # per block [latent_start, latent 0, latent 1, latent 2] outputs
     per_ex = []
-    for ex, plan, blocks in zip(exs, off._plans(exs), states):
+    for ex, plan, blocks in zip(exs, off.plans(exs), states):
         ces = []
         for s, b in enumerate(blocks):
             for j in range(2):
@@ -221,5 +221,18 @@ def test_the_decoder_feeds_the_latents_training_feeds(frames_per_block, latent_s
     trace = prefix + [30, ids.action_sep, 40, ids.frame_sep, ids.eos]
     example = {"prompt_ids": prompt, "trace_ids": trace, "spans": [(first, first + 2)]}
     with torch.no_grad():
-        _, _, latents, _ = model._student(model._plans([example]), [[False]])
+        _, _, latents, _ = model._student(model.plans([example]), [[False]])
     torch.testing.assert_close(res.latent_sum, latents[(0, 0)].sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_the_probe_reads_a_multi_frame_block_for_its_first_frames_value():
+    from codi.data.values import AssignedValue
+    from codi.evaluation.probe import collect_blocks
+
+    model = codi_model(tiny_base(), T, 3, latent_unit="frame", frames_per_block=2)
+    ex = make_example(random.Random(4), 5, other_frames=False) | {"problem_id": "p"}
+    slots = [[AssignedValue(name="x", repr="1", pos=i + 1, kind="copy") for i, _ in ex["spans"]]]  # every frame: the token after line_sep
+    blocks = collect_blocks(model, [ex], slots, batch_size=4)
+    assert list(blocks.frame_index) == [0, 2, 4]  # blocks of frames (0, 1), (2, 3), (4)
+    assert list(blocks.labels) == [ex["trace_ids"][ex["spans"][f][0] + 1] for f in (0, 2, 4)]
+    assert blocks.states.shape[:2] == (3, 4)  # latent_start and 3 latents
