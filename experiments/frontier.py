@@ -91,8 +91,8 @@ def plot(rows: list[dict[str, Any]], points: dict[str, dict[str, Any]], path: Pa
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     by_rung: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for p in points.values():
-        by_rung[p["rung"] or "default"].append(p)
+    for group, p in points.items():
+        by_rung[p["rung"] or "default"].append(p | {"group": group})
     for rung, ps in by_rung.items():
         ps = [p for p in ps if p["compression"] is not None and p["retention"] is not None]
         ps.sort(key=lambda p: p["compression"])
@@ -100,6 +100,8 @@ def plot(rows: list[dict[str, Any]], points: dict[str, dict[str, Any]], path: Pa
         for p in ps:
             ax.scatter([p["compression"]] * len(p["retention_each"]), p["retention_each"], color=line.get_color(),
                        s=18, alpha=0.7)
+            ax.annotate(p["group"], (p["compression"], p["retention"]), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
     ax.axhline(TARGET["retention"], color="grey", ls=":", lw=1)
     ax.axvline(TARGET["compression"], color="grey", ls=":", lw=1)
     ax.set_xlabel(f"compression (explicit / latent positions, {split})")
