@@ -49,6 +49,23 @@ def write_params(path: Path, params: dict) -> Path:
     return path
 
 
+def prepared_workspace(ws: Path, **overrides: Any) -> Path:
+    """`ws` with tiny params (`overrides` as tiny_params takes them) and the extract and precompute stages run in it:
+    the cache and base model the training stages start from."""
+    import os
+
+    from codi.__main__ import main
+
+    write_params(ws / "params.yaml", tiny_params(**overrides))
+    cwd = os.getcwd()
+    os.chdir(ws)
+    try:
+        assert main(["extract"]) == 0 and main(["precompute"]) == 0
+    finally:
+        os.chdir(cwd)
+    return ws
+
+
 def shipped(section: str, **overrides: Any) -> Any:
     """A section of the shipped params.yaml as its config dataclass (`"extract.trace"`), fields replaced (a
     mapping such as `"extract.paths"`: keys replaced).

@@ -71,15 +71,7 @@ def test_pipeline_flow_killed_with_kill_9_then_rerun_equals_an_uninterrupted_run
     subprocess.run(flow, cwd=solo, env=env, check=True, capture_output=True, timeout=300)
     seconds = time.monotonic() - t0
     root = make_project(tmp_path / "p", SLOW_DAG)
-    seed = random.randrange(1 << 30)
-    delay = random.Random(seed).uniform(0.2, 0.8) * seconds
-    killed = subprocess.Popen(flow, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    time.sleep(delay)
-    assert killed.poll() is None, "the flow ended before it could be killed"
-    os.killpg(killed.pid, signal.SIGKILL)    # the stage's own group goes by its parent-death signal
-    killed.wait()
-    why = f"flow killed {delay:.2f} s into a {seconds:.1f} s run (seed {seed})"
+    why = kill_flow_at_random(flow, root, env, seconds, (0.2, 0.8))
     print(why)
     for path, md5 in md5s(root, DAG_OUTPUTS).items():   # what exists is complete
         assert md5 == md5s(solo, [path])[path], f"{path}: partial after the kill: {why}"
@@ -88,6 +80,20 @@ def test_pipeline_flow_killed_with_kill_9_then_rerun_equals_an_uninterrupted_run
     assert md5s(root, DAG_OUTPUTS) == md5s(solo, DAG_OUTPUTS), why
     assert len(md5s(root, DAG_OUTPUTS)) == len(DAG_OUTPUTS)
     assert "up to date" in dvc_run(root, "status").stdout, why
+
+
+def kill_flow_at_random(flow: list[str], root: Path, env: dict, seconds: float, share: tuple[float, float]) -> str:
+    """Start `flow` in `root`, kill -9 its process group at a random share of `seconds` (an uninterrupted run's
+    time), and return what happened, with the seed, for the assertions' messages."""
+    seed = random.randrange(1 << 30)
+    delay = random.Random(seed).uniform(*share) * seconds
+    killed = subprocess.Popen(flow, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    time.sleep(delay)
+    assert killed.poll() is None, "the flow ended before it could be killed"
+    os.killpg(killed.pid, signal.SIGKILL)    # the stage's own group goes by its parent-death signal
+    killed.wait()
+    return f"flow killed {delay:.2f} s into a {seconds:.1f} s run (seed {seed})"
 
 
 def project_outputs(root: Path) -> list[str]:
@@ -125,15 +131,7 @@ def test_the_real_pipeline_flow_killed_with_kill_9_then_rerun_equals_an_uninterr
     outputs = project_outputs(solo)
     want = {out: digest(solo / out) for out in outputs}
     root = project("p")
-    seed = random.randrange(1 << 30)
-    delay = random.Random(seed).uniform(0.1, 0.9) * seconds
-    killed = subprocess.Popen(flow, cwd=root, env=flow_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    time.sleep(delay)
-    assert killed.poll() is None, "the flow ended before it could be killed"
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
-    why = f"flow killed {delay:.1f} s into a {seconds:.0f} s run (seed {seed})"
+    why = kill_flow_at_random(flow, root, flow_env, seconds, (0.1, 0.9))
     print(why)
     for out in outputs:
         if (root / out).exists():

@@ -5,38 +5,28 @@ A damaged checkpoint, DDP's or FSDP's, stops the stage with one `error:` line an
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from codi.__main__ import main
 from codi.training.checkpoints import checkpoint_step
 from tests.integration.test_training_procs import ENV, kill_after_first_checkpoint, stage_cmd
-from tests.tiny import tiny_params, write_params
+from tests.tiny import prepared_workspace, write_params
 
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
-    ws = tmp_path_factory.mktemp("fsdp")
-    write_params(ws / "params.yaml", tiny_params(
+    return prepared_workspace(
+        tmp_path_factory.mktemp("fsdp"),
         sft={"max_steps": 6, "save_steps": 2, "eval_steps": 3, "logging_steps": 1, "save_total_limit": 0},
         codi={"max_steps": 4, "save_steps": 2, "eval_steps": 2, "logging_steps": 1, "val_accuracy_samples": 2,
-              "save_total_limit": 0}))
-    cwd = os.getcwd()
-    os.chdir(ws)
-    try:
-        assert main(["extract"]) == 0 and main(["precompute"]) == 0
-    finally:
-        os.chdir(cwd)
-    return ws
+              "save_total_limit": 0})
 
 
 def params_file(ws: Path, name: str, stage: str, **changes) -> str:

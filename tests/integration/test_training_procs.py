@@ -15,27 +15,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codi.__main__ import main
 from codi.data.cache import CacheDataset
 from codi.training.checkpoints import checkpoint_step
-from tests.tiny import tiny_params, write_params
+from tests.tiny import prepared_workspace, write_params
 
 ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
-    ws = tmp_path_factory.mktemp("procs")
-    write_params(ws / "params.yaml", tiny_params(
+    return prepared_workspace(
+        tmp_path_factory.mktemp("procs"),
         sft={"max_steps": 40, "save_steps": 4, "eval_steps": 20, "logging_steps": 5, "save_total_limit": 0},
-        codi={"max_steps": 12, "save_steps": 3, "eval_steps": 12, "val_accuracy_samples": 0, "save_total_limit": 0}))
-    cwd = os.getcwd()
-    os.chdir(ws)
-    try:
-        assert main(["extract"]) == 0 and main(["precompute"]) == 0
-    finally:
-        os.chdir(cwd)
-    return ws
+        codi={"max_steps": 12, "save_steps": 3, "eval_steps": 12, "val_accuracy_samples": 0, "save_total_limit": 0})
 
 
 def stage_cmd(stage: str, out: str, ck: str, extra: tuple[str, ...] = ()) -> list[str]:
