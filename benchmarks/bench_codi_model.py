@@ -158,17 +158,19 @@ def dense_floor_fns(model, examples):
     ids, real = ids.to(dev), real.to(dev)
     tgt = torch.tensor([q for e, t in enumerate(rest) for q in range(e * width, e * width + len(t) - 1)], device=dev)
 
-    def teacher():
-        ce, kd, _, _ = model._teacher(plans, keep_prefix=reuse)  # (CE, KD targets, value-KD targets, prefix)
-        return {"loss": ce.mean() + 0.0 * kd.sum()}
+    def teacher():  # the model's own decoder forward (CodiModel.decoder: fused where exact), built per step as it is
+        ce, kd, _, _ = model._teacher(plans, keep_prefix=reuse, decoder=model.decoder())
+        return {"loss": ce.mean() + 0.0 * kd.sum()}  # (CE, KD targets, value-KD targets, prefix)
 
     def floor():
-        ce, kd, _, prefix = model._teacher(plans, keep_prefix=reuse)
+        decoder = model.decoder()
+        ce, kd, _, prefix = model._teacher(plans, keep_prefix=reuse, decoder=decoder)
         if prefix is not None:
-            rows = PaddedRows.after_prefix(model.body, prefix.cache, torch.tensor(prefix.lengths, device=dev))
+            rows = PaddedRows.after_prefix(decoder, prefix.cache, torch.tensor(prefix.lengths, device=dev))
             hidden, _ = rows.step(model.embed(ids), real)
         else:
-            hidden = model.body(input_ids=ids, use_cache=False).last_hidden_state
+            pos = torch.arange(width, device=dev).expand(len(rest), width)
+            hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
         student = token_ce(hidden.flatten(0, 1)[tgt], model.head, ids.flatten()[tgt + 1]).mean()
         return {"loss": ce.mean() + student + 0.0 * kd.sum()}
 

@@ -1,11 +1,11 @@
-"""Benchmark: one codi optimizer step on the default configuration, today's teacher against the prefix-reusing one.
+"""Benchmark: one codi optimizer step on the default configuration, before Performance III and after each of its changes.
 
     python benchmarks/bench_codi_step.py                 # data/cache + models/sft of `dvc repro`, 1 thread, 24 steps each
     python benchmarks/bench_codi_step.py --steps 60 --json /tmp/codi_step.json
 
 What a step is: the codi stage's per-process step (params.yaml `codi.batch_size` examples, length-grouped as the
 Trainer groups them, value slots as the stage computes them), CodiModel.from_config(params.codi) on models/sft,
-forward + backward + clip_grad_norm(codi.max_grad_norm) + AdamW(codi.lr, codi.weight_decay) + zero_grad. Three
+forward + backward + clip_grad_norm(codi.max_grad_norm) + AdamW(codi.lr, codi.weight_decay) + zero_grad. Four
 configurations of the same model, in one process on the same batches, interleaved batch by batch (so that load on
 the machine falls on all of them alike):
 
@@ -13,10 +13,12 @@ the machine falls on all of them alike):
   Performance III); the student computes its first round itself;
 - `recompute`: the teacher not checkpointed, the student still computing the shared prefix itself;
 - `reuse`: the teacher not checkpointed and the student starting from the teacher's keys and values of the shared
-  prefix (the default: CodiModel._reuses_prefix).
+  prefix (CodiModel._reuses_prefix), every decoder call through the body's own (Hugging Face) forward;
+- `fused`: as `reuse`, with the decoder calls through codi.modeling.fast_decoder.FusedDecoder (q/k/v and gate/up
+  fused, no per-call Hugging Face Python): the default.
 
-Each configuration has its own copy of the model and optimizer, so all three follow the same trajectory up to float
-noise. The first batch's losses of the three are printed side by side with their largest relative difference (the
+Each configuration has its own copy of the model and optimizer, so all four follow the same trajectory up to float
+noise. The first batch's losses of the four are printed side by side with their largest relative difference (the
 oracle test, tests/unit/test_modeling_equivalence.py, holds the exact check). Reported: examples/s as the median
 over the timed steps (after --warmup), and the speed-up of each against `checkpointed`.
 """
@@ -45,9 +47,10 @@ from codi.modeling.model import CodiModel  # noqa: E402
 from codi.tracing.tokens import load_tokenizer, token_ids  # noqa: E402
 from codi.training.codi_trainer import collate_examples  # noqa: E402
 
-CONFIGS = {"checkpointed": dict(teacher_checkpointing=True, reuse_prefix=False),
-           "recompute": dict(teacher_checkpointing=False, reuse_prefix=False),
-           "reuse": dict(teacher_checkpointing=False, reuse_prefix=True)}
+CONFIGS = {"checkpointed": dict(teacher_checkpointing=True, reuse_prefix=False, fused_decoder=False),
+           "recompute": dict(teacher_checkpointing=False, reuse_prefix=False, fused_decoder=False),
+           "reuse": dict(teacher_checkpointing=False, reuse_prefix=True, fused_decoder=False),
+           "fused": dict(teacher_checkpointing=False, reuse_prefix=True, fused_decoder=True)}
 
 
 def grouped_batches(lengths: list[int], batch: int, n: int, seed: int) -> list[list[int]]:
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     models, opts = {}, {}
     for name, kw in CONFIGS.items():
         m = CodiModel(copy.deepcopy(base), token_ids(tok), cfg.options, params.loss_weights, **kw)
-        if name != "checkpointed":  # the same projector initialisation in all three
+        if name != "checkpointed":  # the same projector initialisation in all four
             m.projector.load_state_dict(models["checkpointed"].projector.state_dict())
         m.train()
         models[name] = m

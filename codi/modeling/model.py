@@ -9,6 +9,8 @@ batch (F = most latent LINE frames of an example), whatever its size; one more f
 The student's first round starts from the teacher's keys and values of the shared prefix (the prompt and the
 trace up to the first latent frame's `<|line_sep|>`): same weights, same inputs, so the same numbers, and the
 gradient flows through the teacher's graph as it did through the student's own (`_reuses_prefix` says when).
+Every decoder call of a step goes through `CodiModel.decoder()`: the body's fused forward (codi.modeling.fast_decoder,
+the same outputs with fewer operations and autograd nodes a call) where it computes what the body does.
 Equal to the per-example oracle (tests/unit/test_modeling_equivalence.py). Design: docs/design/codi-model.md, "CodiModel".
 """
 
@@ -25,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
+from codi.modeling.fast_decoder import FusedDecoder
 from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence, value_feedback
 from codi.modeling.losses import kd_hidden_per_example, kd_logit_per_example, per_example_mean, teacher_std, token_ce
 from codi.modeling.plan import ExamplePlan, draw_uniform, plan_example
@@ -79,11 +82,12 @@ class CodiModel(nn.Module):
 
     def __init__(self, base: nn.Module, token_ids: TraceTokenIds, options: CodiOptions, weights: LossWeights, *,
                  frozen_teacher: nn.Module | None = None, teacher_checkpointing: bool = True,
-                 reuse_prefix: bool = True):
+                 reuse_prefix: bool = True, fused_decoder: bool = True):
         """`options` and `weights` are checked where they are parsed (codi.schemas.options); this checks what
         needs the models: the trace token ids against the vocabulary, kd_layers against the layers, and a
         frozen teacher's sizes. ValueError names the key. `reuse_prefix` False makes the student compute the
-        shared prefix itself even where it could reuse the teacher's (benchmarks, tests)."""
+        shared prefix itself even where it could reuse the teacher's (benchmarks, tests); `fused_decoder` False runs every
+        decoder call through the body's own forward instead of codi.modeling.fast_decoder.FusedDecoder."""
         super().__init__()
         body, head, n_states = split_causal_lm(base, "base")
         if not isinstance(token_ids, TraceTokenIds):
@@ -137,6 +141,7 @@ class CodiModel(nn.Module):
         # student keeps its KV cache either way. codi.gradient_checkpointing.
         self.teacher_checkpointing = bool(teacher_checkpointing)
         self.reuse_prefix = bool(reuse_prefix)
+        self.fused_decoder = bool(fused_decoder)
         self.n_states = n_states
         self.student_layers = _resolve_layers(eff, n_states)   # indices into the base's hidden_states
         self.value_layers = tuple(range(1, n_states))          # value KD: layers 1..L (no embeddings; PCCoT)
@@ -175,6 +180,13 @@ class CodiModel(nn.Module):
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
+    def decoder(self) -> Any:
+        """What runs the decoder body in this step: its fused forward (codi.modeling.fast_decoder: the same outputs,
+        fewer operations and autograd nodes a call) where that computes what the body does, else the body itself.
+        Built per step: the fused weights are concatenations of the current parameters."""
+        fused = FusedDecoder.of(self.body) if self.fused_decoder else None
+        return fused if fused is not None else self.body
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids)
 
@@ -198,8 +210,10 @@ class CodiModel(nn.Module):
         # One draw per (example, post-latent segment), examples then segments in order (the oracle's order).
         flags = [[ss_prob > 0 and draw_uniform(ss_rng) < ss_prob for _ in range(p.n_spans)] for p in plans]
         n, dev = len(plans), self.device
-        t_ce, t_kd, t_value, prefix = self._teacher(plans, keep_prefix=self._reuses_prefix())
-        s_ce, s_kd, latents, s_value = self._student(plans, flags, values=self.options.uses_values, prefix=prefix)
+        decoder = self.decoder()
+        t_ce, t_kd, t_value, prefix = self._teacher(plans, keep_prefix=self._reuses_prefix(), decoder=decoder)
+        s_ce, s_kd, latents, s_value = self._student(plans, flags, values=self.options.uses_values, prefix=prefix,
+                                                     decoder=decoder)
 
         counts = [p.n_anchors for p in plans]
         if self.options.single_anchor:  # keep each example's last latent frame's anchors only
@@ -281,7 +295,7 @@ class CodiModel(nn.Module):
             return False
         return not (self.training and _has_active_dropout(self.body))
 
-    def _teacher(self, plans: list[ExamplePlan], keep_prefix: bool = False
+    def _teacher(self, plans: list[ExamplePlan], keep_prefix: bool = False, decoder: Any = None
                  ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, "_Prefix | None"]:
         """(per-example CE [n] or None under a frozen teacher, KD targets [A, L, H] or logits [A, 1, V], value KD
         targets [V, L, H] at the token before each latent span's assigned value, (example, span) order, or None,
@@ -318,9 +332,11 @@ class CodiModel(nn.Module):
                     return None, t_head(out.last_hidden_state.flatten(0, 1)[anchors])[:, None], None, None
                 return None, self._gather_layers(out, self.teacher_layers, t_states, anchors), None, None
 
-        with activation_checkpointing(self.model, self.teacher_checkpointing and not keep_prefix):
+        checkpointed = self.teacher_checkpointing and not keep_prefix
+        run = self.body if checkpointed or decoder is None else decoder  # checkpointing is the body's own forward
+        with activation_checkpointing(self.model, checkpointed):
             wanted = self.teacher_layers + (self.value_layers if value_kd else ())
-            out = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=keep_prefix,
+            out = run(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=keep_prefix,
                             output_hidden_states=self._requested(wanted, self.n_states))
         prefix = _Prefix.of(plans, out.last_hidden_state, out.cache) if keep_prefix else None
         flat = out.last_hidden_state.flatten(0, 1)  # [n*T, H]
@@ -351,8 +367,8 @@ class CodiModel(nn.Module):
 
     # ----------------------------------------------------------------------------------- student
     def _student(self, plans: list[ExamplePlan], flags: list[list[bool]], values: bool = False,
-                 block_states: dict[tuple[int, int], torch.Tensor] | None = None, prefix: "_Prefix | None" = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], torch.Tensor], "_ValueSlots"]:
+                 block_states: dict[tuple[int, int], torch.Tensor] | None = None, prefix: "_Prefix | None" = None,
+                 decoder: Any = None) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], torch.Tensor], "_ValueSlots"]:
         """(per-example CE [n], student KD hiddens [A, L, H] in (example, span, anchor) order, when the
         reconstruction is on each latent span's latent inputs {(example, span): [latent_steps, H]}, and the value
         slots (`values`: the plans carry value_pos and a value loss is on)). `block_states`, when given, receives each latent span's post-norm outputs
@@ -366,7 +382,8 @@ class CodiModel(nn.Module):
         known before that call, and LE attends to it causally within the call, so fusing it is exact.
 
         `prefix` (the teacher's, `_teacher(keep_prefix=True)`): round 0 starts from its keys and values, reads
-        its CE hiddens from the teacher's outputs, and runs only the `<|latent_start|>` that ends it."""
+        its CE hiddens from the teacher's outputs, and runs only the `<|latent_start|>` that ends it. `decoder`
+        (CodiModel.decoder) runs the body's calls; built here when not given."""
         dev, n = self.device, len(plans)
         n_rounds = max(p.n_spans for p in plans) + 1
         offsets = [0]  # first anchor of each example in the teacher's (example, span, anchor) order
@@ -374,7 +391,8 @@ class CodiModel(nn.Module):
             offsets.append(offsets[-1] + p.n_anchors)
         span_first = [[sum(p.anchor_counts[:s]) for s in range(p.n_spans)] for p in plans]
         latents: dict[tuple[int, int], torch.Tensor] = {}
-        rows = PaddedRows(self.body, n, dev)
+        decoder = self.decoder() if decoder is None else decoder
+        rows = PaddedRows(decoder, n, dev)
         ce_hidden, ce_tgt, ce_ex = [], [], []
         kd_parts, kd_order = [], []
         h = None  # [n, H] post-norm hidden feeding the next latent (latent_start's, then each latent's)
@@ -420,7 +438,7 @@ class CodiModel(nn.Module):
                         block = torch.stack(inputs + [fused], dim=1)  # [n, latent_steps, H]
                         latents.update({(e, k - 1): block[e] for e in active})
                 if k == 0 and prefix is not None:
-                    rows, h = self._prefix_round(plans, prefix, ce_hidden, ce_tgt, ce_ex, n_rounds > 1)
+                    rows, h = self._prefix_round(plans, prefix, ce_hidden, ce_tgt, ce_ex, n_rounds > 1, decoder)
                     continue
                 ids, real, replace, last_slot, tgt_idx, width = self._round_block(plans, flags, active, k, fuse)
                 for e in active:
@@ -492,12 +510,12 @@ class CodiModel(nn.Module):
         return h, outputs
 
     def _prefix_round(self, plans: list[ExamplePlan], prefix: "_Prefix", ce_hidden: list, ce_tgt: list,
-                      ce_ex: list, latents_follow: bool) -> tuple[PaddedRows, torch.Tensor | None]:
+                      ce_ex: list, latents_follow: bool, decoder: Any) -> tuple[PaddedRows, torch.Tensor | None]:
         """Round 0 from the teacher's prefix: the rows start from its keys and values, the round's CE hiddens are
         the teacher's outputs at the same positions, and one call runs each row's `<|latent_start|>`. Returns
         the rows and latent_start's hidden [n, H] (None when no latent follows in the batch)."""
         dev = self.device
-        rows = PaddedRows.after_prefix(self.body, prefix.cache,
+        rows = PaddedRows.after_prefix(decoder, prefix.cache,
                                        torch.tensor(prefix.lengths, dtype=torch.long, device=dev))
         width = prefix.hidden.shape[1]
         idx = []

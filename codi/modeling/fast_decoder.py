@@ -1,0 +1,278 @@
+"""A lean forward of a Qwen2/Llama decoder body: the same operations as Hugging Face's, without its per-call Python.
+
+    out = decoder_forward(body, inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    out.last_hidden_state, out.cache, out.hidden_states      # as body(...) returns them
+
+codi's student runs the decoder body once per latent round, and evaluate's decoder once per position, each call on
+a handful of rows. At the tiny default's shapes (hidden 96, 3 layers) Hugging Face's forward spends more time in
+Python than in arithmetic: the output-capture and kwarg decorators, the causal-mask factory, the attention-interface
+lookup and a module call per projection. `decoder_forward` runs the very same tensor operations in the same order
+on the same parameters, so its outputs are bit-identical to `body(...)` (tests/unit/test_fast_decoder.py checks them
+with torch.equal, and their gradients), and only the Python around them is gone.
+
+It takes the lean path only where it is exactly that: a Qwen2Model or LlamaModel body of full-attention layers with
+the default rotary embedding and sdpa attention, every projection a plain nn.Linear, no module hooks (FSDP, PEFT and
+user hooks all add some), no activation checkpointing, no attention dropout in training, and a 2-D padding mask as
+long as the cache plus the new tokens. Anything else goes through `body(...)` unchanged.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import repeat_kv, use_gqa_in_sdpa
+
+_SUPPORTED_BODIES = ("Qwen2Model", "LlamaModel")
+_SUPPORTED_NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm")
+_STRUCTURE: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, ...] | None]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class DecoderOutput:
+    """What the body's forward returns, as the call sites read it."""
+
+    last_hidden_state: torch.Tensor
+    cache: Any = None
+    hidden_states: tuple | None = None
+
+
+def _structure(body: nn.Module) -> tuple[nn.Module, ...] | None:
+    """The body's modules whose hooks must be absent for the lean path, or None where its structure is not one the
+    lean path computes exactly. Computed once per body: the module tree does not change under a built model except
+    by wrapping (FSDP, PEFT), which changes the body's or a projection's class and is checked at every call."""
+    if body in _STRUCTURE:
+        return _STRUCTURE[body]
+    found = _inspect(body)
+    _STRUCTURE[body] = found
+    return found
+
+
+def _inspect(body: nn.Module) -> tuple[nn.Module, ...] | None:
+    cfg = getattr(body, "config", None)
+    if type(body).__name__ not in _SUPPORTED_BODIES or cfg is None:
+        return None
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "is_causal", True) is not True:
+        return None
+    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
+        return None
+    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "hidden_act", None) != "silu":
+        return None
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    rotary = getattr(body, "rotary_emb", None)
+    if rope.get("rope_type", "default") != "default" or rotary is None or getattr(rotary, "attention_scaling", None) != 1.0:
+        return None
+    layers = list(body.layers[: cfg.num_hidden_layers])
+    if len(layers) != cfg.num_hidden_layers or type(body.norm).__name__ not in _SUPPORTED_NORMS:
+        return None
+    modules: list[nn.Module] = [body, body.norm, rotary]
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if any(type(m) is not nn.Linear for m in linears) or any(type(m).__name__ not in _SUPPORTED_NORMS for m in norms):
+            return None
+        if type(mlp.act_fn).__name__ not in ("SiLUActivation", "SiLU"):
+            return None
+        if getattr(attn, "sliding_window", None) is not None:
+            return None
+        modules.extend((layer, attn, mlp, mlp.act_fn, *linears, *norms))
+    return tuple(modules)
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module as m
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+                or m._global_backward_pre_hooks or getattr(m, "_global_forward_hooks_always_called", None))
+
+
+def fusable(body: nn.Module) -> bool:
+    """Whether FusedDecoder computes what `body(...)` computes, up to the sum order of the fused matmuls (module
+    doc): the structure, and what can change between steps (hooks, activation checkpointing, dropout)."""
+    modules = _structure(body)
+    if modules is None or _global_hooks():
+        return False
+    for m in modules:
+        if (any(not _inert(h) for h in m._forward_hooks.values()) or m._forward_pre_hooks or m._backward_hooks
+                or getattr(m, "_backward_pre_hooks", None)):
+            return False
+    if body.training and getattr(body.config, "attention_dropout", 0.0):
+        return False
+    return not any(getattr(layer, "gradient_checkpointing", False) for layer in body.layers)
+
+
+def _inert(hook: Any) -> bool:
+    """Hugging Face's output-capturing hooks: installed on the layers at the first forward that captures outputs,
+    they do nothing outside a capturing forward (which the fused decoder never runs)."""
+    return (getattr(hook, "__module__", "") == "transformers.utils.output_capturing"
+            and getattr(hook, "__name__", "") == "output_capturing_hook")
+
+
+def _past(cache: Any) -> int:
+    return int(cache.get_seq_length()) if cache is not None else 0
+
+
+def causal_mask(attention_mask: torch.Tensor | None, q_length: int, past: int) -> torch.Tensor | None:
+    """The sdpa mask Hugging Face's create_causal_mask builds for a 2-D padding mask over the cache and the new tokens:
+    None where sdpa's own causal flag (or no mask) is exact, else [B, 1, q, kv] bool = causal & the key is real."""
+    kv_length = past + q_length
+    pad = None if attention_mask is None else attention_mask.to(dtype=torch.bool)
+    # transformers.masking_utils._ignore_causal_mask_sdpa, for an untraced call without a local window
+    if (q_length == 1 or kv_length == q_length) and (pad is None or bool(pad.all())):
+        return None
+    if past == 0 and (pad is None or (bool(pad[:, :q_length].all()) and bool((~pad[:, q_length:]).all()))):
+        return None
+    keys = pad[:, None, None, :]  # [B, 1, 1, kv]
+    if q_length == 1:  # the one query comes after every key: causality masks nothing
+        return keys
+    q_idx = (torch.arange(q_length, device=pad.device) + past)[:, None]
+    kv_idx = torch.arange(kv_length, device=pad.device)[None, :]
+    return (kv_idx <= q_idx)[None, None] & keys  # [B, 1, q, kv]
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # Qwen2RMSNorm.forward / LlamaRMSNorm.forward, operation for operation
+    dtype = x.dtype
+    if dtype != torch.float32:  # .to is a no-op in float32, skipped rather than dispatched
+        x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + norm.variance_epsilon)
+    return norm.weight * (x if dtype == torch.float32 else x.to(dtype))
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+               scale: float, groups: int) -> torch.Tensor:
+    """transformers.integrations.sdpa_attention.sdpa_attention_forward's call of sdpa, its grouped-query branches
+    included (sdpa's own GQA, one query packed per key head, or the keys repeated)."""
+    kwargs = {}
+    if groups > 1:
+        if use_gqa_in_sdpa(mask, k, v):
+            kwargs["enable_gqa"] = True
+        elif q.shape[2] == 1:
+            q = q.reshape(q.shape[0], q.shape[1] // groups, groups, q.shape[-1])
+        else:
+            k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scale, is_causal=is_causal,
+                                          **kwargs)
+
+
+def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear on a 2-D input with the weight transposed once per step (what F.linear does at every call)."""
+    return torch.addmm(bias, x, weight_t) if bias is not None else torch.mm(x, weight_t)
+
+
+class FusedDecoder:
+    """A body's forward with its projections fused: q, k and v one matmul, gate and up one matmul, on [rows, hidden]
+    matrices, rotary applied to q and k together (module doc). Built once per training step (`of`): the fused weights
+    are concatenations of the body's parameters, so the gradient reaches those parameters through them. Callable as
+    the body is, with the arguments CodiModel and PaddedRows give it."""
+
+    def __init__(self, body: nn.Module):
+        self.body = body
+        self.config = body.config
+        self.layers = []
+        for layer in body.layers[: body.config.num_hidden_layers]:
+            attn, mlp = layer.self_attn, layer.mlp
+            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+            self.layers.append(_FusedLayer(
+                attn.layer_idx, attn.head_dim, body.config.num_attention_heads, body.config.num_key_value_heads,
+                attn.scaling, layer.input_layernorm, layer.post_attention_layernorm,
+                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t(),
+                None if all(b is None for b in biases) else torch.cat([
+                    b if b is not None else torch.zeros(p.weight.shape[0], dtype=p.weight.dtype, device=p.weight.device)
+                    for b, p in zip(biases, (attn.q_proj, attn.k_proj, attn.v_proj))]),
+                attn.o_proj.weight.t(), attn.o_proj.bias,
+                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t(),
+                None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias]),
+                mlp.down_proj.weight.t(), mlp.down_proj.bias))
+
+    @classmethod
+    def of(cls, body: nn.Module) -> "FusedDecoder | None":
+        """The fused forward of `body`, or None where it would not compute what `body(...)` computes (module doc)."""
+        return cls(body) if fusable(body) else None
+
+    def __call__(self, *, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                 cache: Any = None, use_cache: bool = False,
+                 output_hidden_states: bool | Sequence[int] | None = None) -> DecoderOutput:
+        body = self.body
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("FusedDecoder: give exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = body.embed_tokens(input_ids)
+        batch, q_length, width = inputs_embeds.shape
+        if use_cache and cache is None:
+            cache = DynamicCache(config=body.config)
+        past = _past(cache)
+        if position_ids is None:
+            position_ids = (torch.arange(q_length, device=inputs_embeds.device) + past)[None].expand(batch, -1)
+        if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape != (batch, past + q_length)):
+            raise ValueError(f"FusedDecoder: attention_mask {tuple(attention_mask.shape)}: expected the 2-D padding "
+                             f"mask [{batch}, {past + q_length}] of the cache and the new tokens")
+        if attention_mask is None and cache is None and q_length > 1 and not bool((torch.diff(position_ids, dim=-1) == 1).all()):
+            raise ValueError("FusedDecoder: positions that restart (packed sequences) need an attention mask")
+        mask = causal_mask(attention_mask, q_length, past)
+        is_causal = q_length > 1 and mask is None
+        rotary = body.rotary_emb
+        freqs = position_ids[..., None].float() * rotary.inv_freq.to(device=inputs_embeds.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos().to(dtype=inputs_embeds.dtype)[:, None]  # [B, 1, T, D]: default rotary, attention_scaling 1
+        sin = emb.sin().to(dtype=inputs_embeds.dtype)[:, None]
+        # rotate_half(x) * sin == roll(x, half) * signed_sin, product for product ((-a) * b == a * (-b) in IEEE)
+        half = sin.shape[-1] // 2
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        wanted = (set(range(len(self.layers) + 1)) if output_hidden_states is True
+                  else set(output_hidden_states or ()))
+        states: list[torch.Tensor | None] = []
+        hidden = inputs_embeds.reshape(batch * q_length, width)
+        for i, layer in enumerate(self.layers):
+            states.append(hidden.view(batch, q_length, width) if i in wanted else None)
+            hidden = layer(hidden, batch, q_length, cos, signed_sin, mask, is_causal, cache)
+        hidden = _rms_norm(body.norm, hidden).view(batch, q_length, width)
+        hidden_states = None
+        if output_hidden_states:
+            states.append(hidden if len(states) in wanted else None)
+            hidden_states = tuple(states)
+        return DecoderOutput(last_hidden_state=hidden, cache=cache if use_cache else None, hidden_states=hidden_states)
+
+
+@dataclass
+class _FusedLayer:
+    layer_idx: int
+    head_dim: int
+    heads: int
+    kv_heads: int
+    scaling: float
+    input_norm: nn.Module
+    post_norm: nn.Module
+    w_qkv: torch.Tensor
+    b_qkv: torch.Tensor | None
+    w_o: torch.Tensor
+    b_o: torch.Tensor | None
+    w_gate_up: torch.Tensor
+    b_gate_up: torch.Tensor | None
+    w_down: torch.Tensor
+    b_down: torch.Tensor | None
+
+    def __call__(self, hidden: torch.Tensor, batch: int, q_length: int, cos: torch.Tensor, signed_sin: torch.Tensor,
+                 mask: torch.Tensor | None, is_causal: bool, cache: Any) -> torch.Tensor:
+        """One decoder layer on hidden [B * T, H] -> [B * T, H]; `signed_sin` is sin with its first half negated."""
+        d = self.head_dim
+        x = _rms_norm(self.input_norm, hidden)
+        qkv = _linear(x, self.w_qkv, self.b_qkv).view(batch, q_length, -1, d).transpose(1, 2)  # [B, 3 heads, T, d]
+        heads, kv_heads = self.heads, self.kv_heads
+        qk = qkv[:, :heads + kv_heads]  # rotary is per head: q's and k's heads at once
+        qk = (qk * cos) + (qk.roll(d // 2, dims=-1) * signed_sin)
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        out = _attention(q, k, v, mask, is_causal, self.scaling, heads // kv_heads)
+        out = out.reshape(batch, heads, q_length, d).transpose(1, 2).reshape(batch * q_length, heads * d)
+        hidden = hidden + _linear(out, self.w_o, self.b_o)
+        gate, up = _linear(_rms_norm(self.post_norm, hidden), self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)
+        return hidden + _linear(F.silu(gate) * up, self.w_down, self.b_down)
