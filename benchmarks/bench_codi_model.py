@@ -158,7 +158,7 @@ def dense_floor_fns(model, examples):
     ids, real = ids.to(dev), real.to(dev)
     tgt = torch.tensor([q for e, t in enumerate(rest) for q in range(e * width, e * width + len(t) - 1)], device=dev)
 
-    def teacher():  # the model's own decoder forward (CodiModel.decoder: fused where exact), built per step as it is
+    def teacher():  # the model's own decoder forward (CodiModel.decoder), built per step as it is
         ce, kd, _, _ = model._teacher(plans, keep_prefix=reuse, decoder=model.decoder())
         return {"loss": ce.mean() + 0.0 * kd.sum()}  # (CE, KD targets, value-KD targets, prefix)
 

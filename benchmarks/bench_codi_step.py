@@ -14,8 +14,8 @@ the machine falls on all of them alike):
 - `recompute`: the teacher not checkpointed, the student still computing the shared prefix itself;
 - `reuse`: the teacher not checkpointed and the student starting from the teacher's keys and values of the shared
   prefix (CodiModel._reuses_prefix), every decoder call through the body's own (Hugging Face) forward;
-- `fused`: as `reuse`, with the decoder calls through codi.modeling.fast_decoder.FusedDecoder (q/k/v and gate/up
-  fused, no per-call Hugging Face Python): the default.
+- `lean`: as `reuse`, with the decoder calls through codi.modeling.fast_decoder.LeanDecoder (the body's numbers bit
+  for bit, with fewer operations and autograd nodes a call): the default.
 
 Each configuration has its own copy of the model and optimizer, so all four follow the same trajectory up to float
 noise. The first batch's losses of the four are printed side by side with their largest relative difference (the
@@ -47,10 +47,10 @@ from codi.modeling.model import CodiModel  # noqa: E402
 from codi.tracing.tokens import load_tokenizer, token_ids  # noqa: E402
 from codi.training.codi_trainer import collate_examples  # noqa: E402
 
-CONFIGS = {"checkpointed": dict(teacher_checkpointing=True, reuse_prefix=False, fused_decoder=False),
-           "recompute": dict(teacher_checkpointing=False, reuse_prefix=False, fused_decoder=False),
-           "reuse": dict(teacher_checkpointing=False, reuse_prefix=True, fused_decoder=False),
-           "fused": dict(teacher_checkpointing=False, reuse_prefix=True, fused_decoder=True)}
+CONFIGS = {"checkpointed": dict(teacher_checkpointing=True, reuse_prefix=False, lean_decoder=False),
+           "recompute": dict(teacher_checkpointing=False, reuse_prefix=False, lean_decoder=False),
+           "reuse": dict(teacher_checkpointing=False, reuse_prefix=True, lean_decoder=False),
+           "lean": dict(teacher_checkpointing=False, reuse_prefix=True, lean_decoder=True)}
 
 
 def grouped_batches(lengths: list[int], batch: int, n: int, seed: int) -> list[list[int]]:

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from codi.data.answers import parse_direct
-from codi.modeling.fast_decoder import FusedDecoder
+from codi.modeling.fast_decoder import LeanDecoder
 from codi.modeling.latent import latent_input, value_feedback
 from codi.modeling.model import split_causal_lm
 from codi.schemas.modes import MODES
@@ -259,9 +259,9 @@ class _Decoder:
         positions = (mask.cumsum(1) - 1).clamp(min=0)  # (n, width)
         next_pos = mask.sum(1)  # (n,) position of each row's next input
         cache = decoding_cache(self.model)
-        with torch.no_grad():  # the fused weights: concatenated once a batch, outside any graph
-            fused = FusedDecoder.of(self.body)
-        forward = fused if fused is not None else self.body  # the same outputs, fewer operations a step
+        with torch.no_grad():  # its transposed weights, once a batch, outside any graph
+            lean = LeanDecoder.of(self.body)
+        forward = lean if lean is not None else self.body  # the same outputs, fewer operations a step
 
         t0 = time.perf_counter()
         out = forward(inputs_embeds=self.embed(tokens), attention_mask=mask, position_ids=positions,

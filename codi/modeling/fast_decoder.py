@@ -1,19 +1,24 @@
-"""A lean forward of a Qwen2/Llama decoder body: the same operations as Hugging Face's, without its per-call Python.
+"""The decoder body's forward as a codi step needs it: Hugging Face's operations, without their per-call Python.
 
-    out = decoder_forward(body, inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    decoder = LeanDecoder.of(body) or body        # once a training step (or decoding batch)
+    out = decoder(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
     out.last_hidden_state, out.cache, out.hidden_states      # as body(...) returns them
 
-codi's student runs the decoder body once per latent round, and evaluate's decoder once per position, each call on
-a handful of rows. At the tiny default's shapes (hidden 96, 3 layers) Hugging Face's forward spends more time in
-Python than in arithmetic: the output-capture and kwarg decorators, the causal-mask factory, the attention-interface
-lookup and a module call per projection. `decoder_forward` runs the very same tensor operations in the same order
-on the same parameters, so its outputs are bit-identical to `body(...)` (tests/unit/test_fast_decoder.py checks them
-with torch.equal, and their gradients), and only the Python around them is gone.
+A codi step calls the decoder body 2 + F x latent_steps times, and evaluate's decoder once a position, most calls on
+a handful of rows. At such sizes a call's cost is its operations and autograd nodes, not its arithmetic, and
+Hugging Face's Qwen2/Llama forward makes many: a view around every projection's matmul, a transpose of every weight
+at every call, rotate_half's four operations for q and again for k, the causal-mask factory, the output-capture and
+kwarg decorators. LeanDecoder runs the same arithmetic operations, in the same order, on the same tensors: the
+projections as the addmm each F.linear makes, on [rows, hidden] views of the layer's input, with the weights
+transposed once a step; rotate_half(x) * sin as roll(x) * sin with its first half negated (product for product the
+same floats: (-a) * b == a * (-b)); the sdpa mask built once a call, as create_causal_mask builds it. Its outputs and,
+in training, its gradients are bit-identical to the body's (tests/unit/test_fast_decoder.py compares them with
+torch.equal); a default codi step records 1,751 autograd nodes instead of 2,420.
 
-It takes the lean path only where it is exactly that: a Qwen2Model or LlamaModel body of full-attention layers with
-the default rotary embedding and sdpa attention, every projection a plain nn.Linear, no module hooks (FSDP, PEFT and
-user hooks all add some), no activation checkpointing, no attention dropout in training, and a 2-D padding mask as
-long as the cache plus the new tokens. Anything else goes through `body(...)` unchanged.
+It runs only where it is exact (`applies`): a Qwen2Model or LlamaModel body of full-attention sdpa layers with the
+default rotary embedding and SiLU MLPs, every projection a plain nn.Linear, no module hooks (FSDP, PEFT and user
+hooks add them; Hugging Face's inert output-capturing hooks are allowed), no activation checkpointing, no attention
+dropout in training. Anything else goes through the body's own forward.
 """
 
 from __future__ import annotations
@@ -91,9 +96,9 @@ def _global_hooks() -> bool:
                 or m._global_backward_pre_hooks or getattr(m, "_global_forward_hooks_always_called", None))
 
 
-def fusable(body: nn.Module) -> bool:
-    """Whether FusedDecoder computes what `body(...)` computes, up to the sum order of the fused matmuls (module
-    doc): the structure, and what can change between steps (hooks, activation checkpointing, dropout)."""
+def applies(body: nn.Module) -> bool:
+    """Whether LeanDecoder computes exactly what `body(...)` computes (module doc): the structure, and what can
+    change between steps (hooks, activation checkpointing, dropout)."""
     modules = _structure(body)
     if modules is None or _global_hooks():
         return False
@@ -108,7 +113,7 @@ def fusable(body: nn.Module) -> bool:
 
 def _inert(hook: Any) -> bool:
     """Hugging Face's output-capturing hooks: installed on the layers at the first forward that captures outputs,
-    they do nothing outside a capturing forward (which the fused decoder never runs)."""
+    they do nothing outside a capturing forward (which LeanDecoder never runs)."""
     return (getattr(hook, "__module__", "") == "transformers.utils.output_capturing"
             and getattr(hook, "__name__", "") == "output_capturing_hook")
 
@@ -162,39 +167,24 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
 
 def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear on a 2-D input with the weight transposed once per step (what F.linear does at every call)."""
+    """F.linear of a 2-D input, the weight transposed once a step: the addmm (mm) F.linear itself calls."""
     return torch.addmm(bias, x, weight_t) if bias is not None else torch.mm(x, weight_t)
 
 
-class FusedDecoder:
-    """A body's forward with its projections fused: q, k and v one matmul, gate and up one matmul, on [rows, hidden]
-    matrices, rotary applied to q and k together (module doc). Built once per training step (`of`): the fused weights
-    are concatenations of the body's parameters, so the gradient reaches those parameters through them. Callable as
-    the body is, with the arguments CodiModel and PaddedRows give it."""
+class LeanDecoder:
+    """The body's forward (module doc). Built once per training step or decoding batch (`of`): it holds the
+    projections' transposed weights, views of the current parameters through which the gradient reaches them.
+    Called with the arguments CodiModel, PaddedRows and the decoder give the body."""
 
     def __init__(self, body: nn.Module):
         self.body = body
         self.config = body.config
-        self.layers = []
-        for layer in body.layers[: body.config.num_hidden_layers]:
-            attn, mlp = layer.self_attn, layer.mlp
-            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-            self.layers.append(_FusedLayer(
-                attn.layer_idx, attn.head_dim, body.config.num_attention_heads, body.config.num_key_value_heads,
-                attn.scaling, layer.input_layernorm, layer.post_attention_layernorm,
-                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t(),
-                None if all(b is None for b in biases) else torch.cat([
-                    b if b is not None else torch.zeros(p.weight.shape[0], dtype=p.weight.dtype, device=p.weight.device)
-                    for b, p in zip(biases, (attn.q_proj, attn.k_proj, attn.v_proj))]),
-                attn.o_proj.weight.t(), attn.o_proj.bias,
-                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t(),
-                None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias]),
-                mlp.down_proj.weight.t(), mlp.down_proj.bias))
+        self.layers = [_Layer.of(layer, body.config) for layer in body.layers[: body.config.num_hidden_layers]]
 
     @classmethod
-    def of(cls, body: nn.Module) -> "FusedDecoder | None":
-        """The fused forward of `body`, or None where it would not compute what `body(...)` computes (module doc)."""
-        return cls(body) if fusable(body) else None
+    def of(cls, body: nn.Module) -> "LeanDecoder | None":
+        """The lean forward of `body`, or None where it would not compute exactly what `body(...)` computes."""
+        return cls(body) if applies(body) else None
 
     def __call__(self, *, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
@@ -202,38 +192,39 @@ class FusedDecoder:
                  output_hidden_states: bool | Sequence[int] | None = None) -> DecoderOutput:
         body = self.body
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("FusedDecoder: give exactly one of input_ids and inputs_embeds")
+            raise ValueError("LeanDecoder: give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = body.embed_tokens(input_ids)
-        batch, q_length, width = inputs_embeds.shape
+        batch, q_length, _ = inputs_embeds.shape
         if use_cache and cache is None:
             cache = DynamicCache(config=body.config)
         past = _past(cache)
         if position_ids is None:
             position_ids = (torch.arange(q_length, device=inputs_embeds.device) + past)[None].expand(batch, -1)
         if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape != (batch, past + q_length)):
-            raise ValueError(f"FusedDecoder: attention_mask {tuple(attention_mask.shape)}: expected the 2-D padding "
+            raise ValueError(f"LeanDecoder: attention_mask {tuple(attention_mask.shape)}: expected the 2-D padding "
                              f"mask [{batch}, {past + q_length}] of the cache and the new tokens")
-        if attention_mask is None and cache is None and q_length > 1 and not bool((torch.diff(position_ids, dim=-1) == 1).all()):
-            raise ValueError("FusedDecoder: positions that restart (packed sequences) need an attention mask")
+        if (attention_mask is None and cache is None and q_length > 1
+                and not bool((torch.diff(position_ids, dim=-1) == 1).all())):
+            raise ValueError("LeanDecoder: positions that restart (packed sequences) need an attention mask")
         mask = causal_mask(attention_mask, q_length, past)
         is_causal = q_length > 1 and mask is None
-        rotary = body.rotary_emb
-        freqs = position_ids[..., None].float() * rotary.inv_freq.to(device=inputs_embeds.device, dtype=torch.float)
+        # Qwen2RotaryEmbedding.forward (default rope: attention_scaling 1), once a call for every layer
+        freqs = position_ids[..., None].float() * body.rotary_emb.inv_freq.to(device=inputs_embeds.device,
+                                                                               dtype=torch.float)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos().to(dtype=inputs_embeds.dtype)[:, None]  # [B, 1, T, D]: default rotary, attention_scaling 1
+        cos = emb.cos().to(dtype=inputs_embeds.dtype)[:, None]  # [B, 1, T, d]
         sin = emb.sin().to(dtype=inputs_embeds.dtype)[:, None]
-        # rotate_half(x) * sin == roll(x, half) * signed_sin, product for product ((-a) * b == a * (-b) in IEEE)
         half = sin.shape[-1] // 2
-        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, on sin
         wanted = (set(range(len(self.layers) + 1)) if output_hidden_states is True
                   else set(output_hidden_states or ()))
         states: list[torch.Tensor | None] = []
-        hidden = inputs_embeds.reshape(batch * q_length, width)
+        hidden = inputs_embeds  # [B, T, H] between layers, as in the body: the same tensors take the same gradients
         for i, layer in enumerate(self.layers):
-            states.append(hidden.view(batch, q_length, width) if i in wanted else None)
-            hidden = layer(hidden, batch, q_length, cos, signed_sin, mask, is_causal, cache)
-        hidden = _rms_norm(body.norm, hidden).view(batch, q_length, width)
+            states.append(hidden if i in wanted else None)
+            hidden = layer(hidden, cos, signed_sin, mask, is_causal, cache)
+        hidden = _rms_norm(body.norm, hidden)
         hidden_states = None
         if output_hidden_states:
             states.append(hidden if len(states) in wanted else None)
@@ -241,8 +232,13 @@ class FusedDecoder:
         return DecoderOutput(last_hidden_state=hidden, cache=cache if use_cache else None, hidden_states=hidden_states)
 
 
+Projection = tuple[torch.Tensor, "torch.Tensor | None"]  # (transposed weight, bias)
+
+
 @dataclass
-class _FusedLayer:
+class _Layer:
+    """One Qwen2DecoderLayer / LlamaDecoderLayer, its projections' weights transposed for the step."""
+
     layer_idx: int
     head_dim: int
     heads: int
@@ -250,29 +246,38 @@ class _FusedLayer:
     scaling: float
     input_norm: nn.Module
     post_norm: nn.Module
-    w_qkv: torch.Tensor
-    b_qkv: torch.Tensor | None
-    w_o: torch.Tensor
-    b_o: torch.Tensor | None
-    w_gate_up: torch.Tensor
-    b_gate_up: torch.Tensor | None
-    w_down: torch.Tensor
-    b_down: torch.Tensor | None
+    q: Projection
+    k: Projection
+    v: Projection
+    o: Projection
+    gate: Projection
+    up: Projection
+    down: Projection
 
-    def __call__(self, hidden: torch.Tensor, batch: int, q_length: int, cos: torch.Tensor, signed_sin: torch.Tensor,
-                 mask: torch.Tensor | None, is_causal: bool, cache: Any) -> torch.Tensor:
-        """One decoder layer on hidden [B * T, H] -> [B * T, H]; `signed_sin` is sin with its first half negated."""
-        d = self.head_dim
-        x = _rms_norm(self.input_norm, hidden)
-        qkv = _linear(x, self.w_qkv, self.b_qkv).view(batch, q_length, -1, d).transpose(1, 2)  # [B, 3 heads, T, d]
-        heads, kv_heads = self.heads, self.kv_heads
-        qk = qkv[:, :heads + kv_heads]  # rotary is per head: q's and k's heads at once
-        qk = (qk * cos) + (qk.roll(d // 2, dims=-1) * signed_sin)
-        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+    @classmethod
+    def of(cls, layer: nn.Module, config: Any) -> "_Layer":
+        attn, mlp = layer.self_attn, layer.mlp
+        return cls(attn.layer_idx, attn.head_dim, config.num_attention_heads, config.num_key_value_heads, attn.scaling,
+                   layer.input_layernorm, layer.post_attention_layernorm,
+                   *((m.weight.t(), m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                                                      mlp.gate_proj, mlp.up_proj, mlp.down_proj)))
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, mask: torch.Tensor | None,
+                 is_causal: bool, cache: Any) -> torch.Tensor:
+        """hidden [B, T, H] -> [B, T, H]: Qwen2DecoderLayer.forward's operations, in its order."""
+        batch, q_length, _ = hidden.shape
+        d, rows = self.head_dim, batch * q_length
+        x = _rms_norm(self.input_norm, hidden).view(rows, -1)
+        q = _linear(x, *self.q).view(batch, q_length, -1, d).transpose(1, 2)
+        k = _linear(x, *self.k).view(batch, q_length, -1, d).transpose(1, 2)
+        v = _linear(x, *self.v).view(batch, q_length, -1, d).transpose(1, 2)
+        q = (q * cos) + (q.roll(d // 2, dims=-1) * signed_sin)  # apply_rotary_pos_emb, q then k
+        k = (k * cos) + (k.roll(d // 2, dims=-1) * signed_sin)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        out = _attention(q, k, v, mask, is_causal, self.scaling, heads // kv_heads)
-        out = out.reshape(batch, heads, q_length, d).transpose(1, 2).reshape(batch * q_length, heads * d)
-        hidden = hidden + _linear(out, self.w_o, self.b_o)
-        gate, up = _linear(_rms_norm(self.post_norm, hidden), self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)
-        return hidden + _linear(F.silu(gate) * up, self.w_down, self.b_down)
+        out = _attention(q, k, v, mask, is_causal, self.scaling, self.heads // self.kv_heads)
+        out = out.reshape(batch, self.heads, q_length, d).transpose(1, 2).reshape(rows, self.heads * d)
+        hidden = hidden + _linear(out, *self.o).view(batch, q_length, -1)
+        x = _rms_norm(self.post_norm, hidden).view(rows, -1)
+        down = _linear(F.silu(_linear(x, *self.gate)) * _linear(x, *self.up), *self.down)
+        return hidden + down.view(batch, q_length, -1)

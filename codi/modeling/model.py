@@ -9,8 +9,8 @@ batch (F = most latent LINE frames of an example), whatever its size; one more f
 The student's first round starts from the teacher's keys and values of the shared prefix (the prompt and the
 trace up to the first latent frame's `<|line_sep|>`): same weights, same inputs, so the same numbers, and the
 gradient flows through the teacher's graph as it did through the student's own (`_reuses_prefix` says when).
-Every decoder call of a step goes through `CodiModel.decoder()`: the body's fused forward (codi.modeling.fast_decoder,
-the same outputs with fewer operations and autograd nodes a call) where it computes what the body does.
+Every decoder call of a step goes through `CodiModel.decoder()`: codi.modeling.fast_decoder.LeanDecoder, the body's
+outputs and gradients bit for bit with fewer operations and autograd nodes a call, where it applies.
 Equal to the per-example oracle (tests/unit/test_modeling_equivalence.py). Design: docs/design/codi-model.md, "CodiModel".
 """
 
@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
-from codi.modeling.fast_decoder import FusedDecoder
+from codi.modeling.fast_decoder import LeanDecoder
 from codi.modeling.latent import PaddedRows, build_projector, latent_input, latent_recurrence, value_feedback
 from codi.modeling.losses import kd_hidden_per_example, kd_logit_per_example, per_example_mean, teacher_std, token_ce
 from codi.modeling.plan import ExamplePlan, draw_uniform, plan_example
@@ -82,12 +82,13 @@ class CodiModel(nn.Module):
 
     def __init__(self, base: nn.Module, token_ids: TraceTokenIds, options: CodiOptions, weights: LossWeights, *,
                  frozen_teacher: nn.Module | None = None, teacher_checkpointing: bool = True,
-                 reuse_prefix: bool = True, fused_decoder: bool = True):
+                 reuse_prefix: bool = True, lean_decoder: bool = True):
         """`options` and `weights` are checked where they are parsed (codi.schemas.options); this checks what
         needs the models: the trace token ids against the vocabulary, kd_layers against the layers, and a
         frozen teacher's sizes. ValueError names the key. `reuse_prefix` False makes the student compute the
-        shared prefix itself even where it could reuse the teacher's (benchmarks, tests); `fused_decoder` False runs every
-        decoder call through the body's own forward instead of codi.modeling.fast_decoder.FusedDecoder."""
+        shared prefix itself even where it could reuse the teacher's (benchmarks, tests); `lean_decoder` False runs every
+        decoder call through the body's own forward instead of codi.modeling.fast_decoder.LeanDecoder (the same
+        numbers: benchmarks, tests)."""
         super().__init__()
         body, head, n_states = split_causal_lm(base, "base")
         if not isinstance(token_ids, TraceTokenIds):
@@ -141,7 +142,7 @@ class CodiModel(nn.Module):
         # student keeps its KV cache either way. codi.gradient_checkpointing.
         self.teacher_checkpointing = bool(teacher_checkpointing)
         self.reuse_prefix = bool(reuse_prefix)
-        self.fused_decoder = bool(fused_decoder)
+        self.lean_decoder = bool(lean_decoder)
         self.n_states = n_states
         self.student_layers = _resolve_layers(eff, n_states)   # indices into the base's hidden_states
         self.value_layers = tuple(range(1, n_states))          # value KD: layers 1..L (no embeddings; PCCoT)
@@ -181,11 +182,11 @@ class CodiModel(nn.Module):
         return self.model.get_input_embeddings().weight.device
 
     def decoder(self) -> Any:
-        """What runs the decoder body in this step: its fused forward (codi.modeling.fast_decoder: the same outputs,
-        fewer operations and autograd nodes a call) where that computes what the body does, else the body itself.
-        Built per step: the fused weights are concatenations of the current parameters."""
-        fused = FusedDecoder.of(self.body) if self.fused_decoder else None
-        return fused if fused is not None else self.body
+        """What runs the decoder body in this step: LeanDecoder (codi.modeling.fast_decoder: the body's outputs and
+        gradients bit for bit, with fewer operations and autograd nodes a call) where it applies, else the body.
+        Built per step: it holds the projections' transposed weights, views of the current parameters."""
+        lean = LeanDecoder.of(self.body) if self.lean_decoder else None
+        return lean if lean is not None else self.body
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids)
@@ -240,7 +241,8 @@ class CodiModel(nn.Module):
         n_latent = has_latent.sum().clamp(min=1)
         t_loss = t_ce.mean() if t_ce is not None else zero
         s_loss, kd_loss = s_ce.mean(), kd.sum() / n_latent
-        recon_loss = self._recon(plans, latents).sum() / n_latent if self.options.recon_weight > 0 else zero
+        recon_loss = (self._recon(plans, latents, decoder).sum() / n_latent if self.options.recon_weight > 0
+                      else zero)
         value_loss, value_kd_loss = self._value_losses(s_value, t_value, n) if self.options.uses_values else (zero, zero)
         w = self.weights
         loss = w.teacher_ce_weight * t_loss + w.student_ce_weight * s_loss + w.kd_weight * kd_loss
@@ -557,11 +559,13 @@ class CodiModel(nn.Module):
         block = torch.stack([latents[k] for k in keys]).to(emb.weight.dtype)  # [S, steps, H]
         return torch.cat([block, emb(ids.to(dev))], dim=1), targets, keys
 
-    def _recon(self, plans: list[ExamplePlan], latents: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
+    def _recon(self, plans: list[ExamplePlan], latents: dict[tuple[int, int], torch.Tensor],
+               decoder: Any = None) -> torch.Tensor:
         """Per-example reconstruction CE [n] (codi.recon_weight, SIM-CoT's step-level supervision): a decoder
         reads only a LINE frame's latents and `<|line_sep|>`, and must write the frame's locals and
         `<|action_sep|>` (teacher-forced); mean over an example's reconstructed tokens, 0 without latent frames.
-        One decoder call for every span of the batch (right padding, no mask: causal rows never see it)."""
+        One decoder call for every span of the batch (right padding, no mask: causal rows never see it), through the
+        step's `decoder` when the reconstruction decoder is the model itself (recon_decoder shared)."""
         n, dev = len(plans), self.device
         if not latents:
             return torch.zeros(n, device=dev)
@@ -570,7 +574,10 @@ class CodiModel(nn.Module):
         width = inputs.shape[1]
         pos = torch.arange(width, device=dev).expand(len(keys), width)
         with activation_checkpointing(self.recon_lm, False):
-            hidden = body(inputs_embeds=inputs, position_ids=pos, use_cache=False).last_hidden_state  # [S, W, H]
+            if self.recon_model is not None or decoder is None:
+                decoder = LeanDecoder.of(body) if self.lean_decoder else None
+            run = decoder if decoder is not None else body
+            hidden = run(inputs_embeds=inputs, position_ids=pos, use_cache=False).last_hidden_state  # [S, W, H]
         steps = self.options.latent_steps
         idx = torch.tensor([r * width + steps + q for r, t in enumerate(targets) for q in range(len(t))],
                            dtype=torch.long, device=dev)
