@@ -23,7 +23,6 @@ dropout in training. Anything else goes through the body's own forward.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -35,7 +34,6 @@ from transformers.integrations.sdpa_attention import repeat_kv, use_gqa_in_sdpa
 
 _SUPPORTED_BODIES = ("Qwen2Model", "LlamaModel")
 _SUPPORTED_NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm")
-_STRUCTURE: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, ...] | None]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -48,17 +46,8 @@ class DecoderOutput:
 
 
 def _structure(body: nn.Module) -> tuple[nn.Module, ...] | None:
-    """The body's modules whose hooks must be absent for the lean path, or None where its structure is not one the
-    lean path computes exactly. Computed once per body: the module tree does not change under a built model except
-    by wrapping (FSDP, PEFT), which changes the body's or a projection's class and is checked at every call."""
-    if body in _STRUCTURE:
-        return _STRUCTURE[body]
-    found = _inspect(body)
-    _STRUCTURE[body] = found
-    return found
-
-
-def _inspect(body: nn.Module) -> tuple[nn.Module, ...] | None:
+    """The body's modules whose hooks must be absent, or None where its structure is not one LeanDecoder computes
+    exactly. Looked at anew every time: wrapping a model (PEFT, FSDP) replaces modules or their classes."""
     cfg = getattr(body, "config", None)
     if type(body).__name__ not in _SUPPORTED_BODIES or cfg is None:
         return None
@@ -122,22 +111,24 @@ def _past(cache: Any) -> int:
     return int(cache.get_seq_length()) if cache is not None else 0
 
 
-def causal_mask(attention_mask: torch.Tensor | None, q_length: int, past: int) -> torch.Tensor | None:
+def causal_mask(attention_mask: torch.Tensor | None, q_length: int, past: int, batch: int = 1,
+                device: torch.device | str = "cpu") -> torch.Tensor | None:
     """The sdpa mask Hugging Face's create_causal_mask builds for a 2-D padding mask over the cache and the new tokens:
-    None where sdpa's own causal flag (or no mask) is exact, else [B, 1, q, kv] bool = causal & the key is real."""
+    None where sdpa's own causal flag (or no mask) is exact, else [B, 1, q, kv] bool = causal & the key is real
+    (`batch` and `device` say where a causal mask without a padding mask goes)."""
     kv_length = past + q_length
     pad = None if attention_mask is None else attention_mask.to(dtype=torch.bool)
+    device = pad.device if pad is not None else device
     # transformers.masking_utils._ignore_causal_mask_sdpa, for an untraced call without a local window
     if (q_length == 1 or kv_length == q_length) and (pad is None or bool(pad.all())):
         return None
     if past == 0 and (pad is None or (bool(pad[:, :q_length].all()) and bool((~pad[:, q_length:]).all()))):
         return None
-    keys = pad[:, None, None, :]  # [B, 1, 1, kv]
-    if q_length == 1:  # the one query comes after every key: causality masks nothing
-        return keys
-    q_idx = (torch.arange(q_length, device=pad.device) + past)[:, None]
-    kv_idx = torch.arange(kv_length, device=pad.device)[None, :]
-    return (kv_idx <= q_idx)[None, None] & keys  # [B, 1, q, kv]
+    if pad is not None and q_length == 1:  # one query, after every key: causality masks nothing
+        return pad[:, None, None, :]  # [B, 1, 1, kv]
+    q_idx = (torch.arange(q_length, device=device) + past)[:, None]
+    causal = (torch.arange(kv_length, device=device)[None, :] <= q_idx)[None, None]  # [1, 1, q, kv]
+    return causal.expand(batch, -1, -1, -1) if pad is None else causal & pad[:, None, None, :]
 
 
 def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -207,7 +198,7 @@ class LeanDecoder:
         if (attention_mask is None and cache is None and q_length > 1
                 and not bool((torch.diff(position_ids, dim=-1) == 1).all())):
             raise ValueError("LeanDecoder: positions that restart (packed sequences) need an attention mask")
-        mask = causal_mask(attention_mask, q_length, past)
+        mask = causal_mask(attention_mask, q_length, past, batch, inputs_embeds.device)
         is_causal = q_length > 1 and mask is None
         # Qwen2RotaryEmbedding.forward (default rope: attention_scaling 1), once a call for every layer
         freqs = position_ids[..., None].float() * body.rotary_emb.inv_freq.to(device=inputs_embeds.device,

@@ -127,6 +127,28 @@ def test_the_mask_is_what_sdpa_needs():
     assert block[1, 0].tolist() == [[True, True, True, False], [True, True, True, True]]
 
 
+def test_a_cache_without_a_padding_mask_equals_the_body():
+    """A block over a cache with no mask given: the causal mask alone, offset by the cache."""
+    base = tiny_base(seed=6)
+    body = base.model
+    ids = torch.randint(5, 90, (2, 9), generator=torch.Generator().manual_seed(2))
+    outs = []
+    for run in (body, LeanDecoder(body)):
+        first = run(input_ids=ids[:, :5], position_ids=torch.arange(5).expand(2, 5), use_cache=True)
+        outs.append(run(input_ids=ids[:, 5:], position_ids=torch.arange(5, 9).expand(2, 4), cache=first.cache,
+                        use_cache=True).last_hidden_state)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_a_projection_wrapped_after_a_first_step_turns_it_off():
+    """An adapter library wraps the projections of a model that has already run: the next step sees it."""
+    body = tiny_base().model
+    assert applies(body)
+    old = body.layers[0].self_attn.v_proj
+    body.layers[0].self_attn.v_proj = _WrappedLinear(old.in_features, old.out_features)
+    assert not applies(body)
+
+
 def test_a_mask_of_the_wrong_length_is_an_error():
     body = tiny_base().model
     with pytest.raises(ValueError, match=r"attention_mask \(2, 3\).*\[2, 4\]"):
