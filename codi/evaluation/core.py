@@ -70,6 +70,7 @@ class LoadedMode:
     value_feedback: str = "none"
     latent_unit: str = "locals"  # latent: what a block stands for (codi.latent_unit): parsing and scoring follow it
     frames_per_block: int = 1    # latent: LINE frames a block stands for (codi.frames_per_block)
+    latent_call: bool = False    # latent: the entry call's frame is latent too (codi.latent_call)
     codi: Any = None  # latent: the LoadedCodi (the probe rebuilds its CodiModel)
 
 
@@ -94,7 +95,7 @@ def load_mode_model(mode: str, paths: dict[str, Path], cache_dir: Path) -> Loade
         check_tokenizer(loaded.tokenizer, cache_dir, path)
         opts = loaded.config.options
         return LoadedMode(mode, loaded.model, loaded.tokenizer, loaded.projector, opts.latent_steps,
-                          opts.value_feedback, opts.latent_unit, opts.frames_per_block, loaded)
+                          opts.value_feedback, opts.latent_unit, opts.frames_per_block, opts.latent_call, loaded)
     tok = load_tokenizer(path)
     check_tokenizer(tok, cache_dir, path)
     return LoadedMode(mode, load_causal_lm(path, torch.float32).eval(), tok)
@@ -116,7 +117,8 @@ def decode_mode(loaded: LoadedMode, examples: list[dict[str, Any]], cfg: Evaluat
                             max_new_tokens=cfg.max_new_tokens, max_frames=cfg.max_frames, batch_size=cfg.batch_size,
                             progress=desc, action_lines=lines, forced_actions=forced,
                             value_feedback=loaded.value_feedback, latent_override=override,
-                            latent_unit=loaded.latent_unit, frames_per_block=loaded.frames_per_block))
+                            latent_unit=loaded.latent_unit, frames_per_block=loaded.frames_per_block,
+                            latent_call=loaded.latent_call))
 
 
 def score_mode(results: list, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,6 +221,7 @@ def decode_timed(modes: tuple[str, ...], examples: list[dict[str, Any]], cfg: Ev
                                      latent_steps=one.latent_steps, max_new_tokens=cfg.max_new_tokens,
                                      max_frames=cfg.max_frames, value_feedback=one.value_feedback,
                                      latent_unit=one.latent_unit, frames_per_block=one.frames_per_block,
+                                     latent_call=one.latent_call,
                                      action_lines=None if lines[m] is None else lines[m][s:s + cfg.batch_size]))
             seconds[m] += time.time() - t0
     out = {}

@@ -184,7 +184,8 @@ class _Decoder:
     def __init__(self, mode: str, model: nn.Module, ids: TraceTokenIds, vocab_size: int, *,
                  projector: Callable[[torch.Tensor], torch.Tensor] | None, latent_steps: int,
                  max_new_tokens: int, max_frames: int, value_feedback: str = "none",
-                 latent_override: torch.Tensor | None = None, frames_per_block: int = 1):
+                 latent_override: torch.Tensor | None = None, frames_per_block: int = 1,
+                 latent_call: bool = False):
         self.mode, self.model, self.t = mode, model, ids
         self.body, self.head, _ = split_causal_lm(model, "model")
         self.embed = model.get_input_embeddings()
@@ -195,6 +196,7 @@ class _Decoder:
         self.value_feedback = value_feedback      # codi.value_feedback: added to each block's last latent
         self.fed_latents = frames_per_block       # ... and to the last codi.frames_per_block latents (one per frame)
         self.latent_override = latent_override    # [H]: every latent input replaced by it (the ablation)
+        self.latent_call = latent_call            # codi.latent_call: the entry call frame's block follows its <|call_sep|>
 
     def _advance(self, row: _Row, token: int | None) -> None:
         """Append the next item: the model's greedy `token`, or (None) the next forced latent-block item."""
@@ -230,7 +232,8 @@ class _Decoder:
                     if row.frames >= self.max_frames:
                         row.stop = "max_frames"
                         return
-                if self.mode == "latent" and token == t.line_sep:
+                if self.mode == "latent" and (token == t.line_sep or (
+                        self.latent_call and token == t.call_sep and len(row.ids) == 1)):  # the trace's first frame
                     row.queue = list(self.block)
                     row.latent_blocks += 1
         if len(row.ids) >= self.max_new_tokens:
@@ -356,18 +359,22 @@ def _one_frame(text: str, index: int) -> Frame:
 
 
 def _latent_frame(chunk: list[int], index: int, t: TraceTokenIds, tokenizer, block_len: int,
-                  latent_unit: str = "locals") -> Frame:
+                  latent_unit: str = "locals", latent_call: bool = False) -> Frame:
     """Parse a LINE frame whose locals are a latent block: line_sep, block, action_sep, line, frame_sep; in the
-    frame unit, whose locals and line are: line_sep, block, frame_sep (`chunk` ends with the frame's frame_sep)."""
+    frame unit, whose locals and line are: line_sep, block, frame_sep (`chunk` ends with the frame's frame_sep).
+    With `latent_call` (frame unit), frame 0 may be the entry call's: call_sep, block, frame_sep."""
     starts = [k for k, i in enumerate(chunk) if i == t.latent_start]
-    if chunk[0] != t.line_sep or starts != [1] or chunk.count(LATENT) != block_len - 2:
-        raise TraceParseError(f"frame {index}: a latent block outside a LINE frame's start")
+    call = latent_call and index == 0 and chunk[0] == t.call_sep
+    if (chunk[0] != t.line_sep and not call) or starts != [1] or chunk.count(LATENT) != block_len - 2:
+        raise TraceParseError(f"frame {index}: a latent block outside a LINE frame's start"
+                              + (" (or the entry call frame's)" if latent_call else ""))
     after = chunk[1 + block_len:]
     if latent_unit == "frame":
         if after != [t.frame_sep]:
             raise TraceParseError(f"frame {index}: latent block followed by "
                                   f"{_decode_text(tokenizer, after[:1])!r}, not {FRAME_SEP}")
-        return Frame("line", None, locals=None)  # type: ignore[arg-type]  # the line is latent: no text to compare
+        # the line is latent: no text to compare
+        return Frame("call" if call else "line", None, locals=None)  # type: ignore[arg-type]
     if not after or after[0] != t.action_sep:
         got = repr(_decode_text(tokenizer, after[:1])) if after else "nothing"
         raise TraceParseError(f"frame {index}: latent block followed by {got}, not {ACTION_SEP}")
@@ -377,7 +384,7 @@ def _latent_frame(chunk: list[int], index: int, t: TraceTokenIds, tokenizer, blo
 
 
 def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, stop: str,
-                     latent_steps: int = 0, latent_unit: str = "locals"
+                     latent_steps: int = 0, latent_unit: str = "locals", latent_call: bool = False
                      ) -> tuple[str, list[Frame], str | None, str | None, str]:
     """Generated ids -> (text, frames, answer, answer_kind, error). Never raises on bad output.
 
@@ -404,7 +411,7 @@ def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, sto
     for index, chunk in enumerate(chunks[:-1]):
         try:
             if mode == "latent" and t.latent_start in chunk:
-                frames.append(_latent_frame(chunk, index, t, tokenizer, block_len, latent_unit))
+                frames.append(_latent_frame(chunk, index, t, tokenizer, block_len, latent_unit, latent_call))
             else:
                 frames.append(_one_frame(_decode_text(tokenizer, chunk), index))
         except TraceParseError as e:
@@ -414,7 +421,8 @@ def parse_generation(mode: str, ids: list[int], tokenizer, t: TraceTokenIds, sto
         open_chunk = chunks[-1]
         if mode == "latent" and t.latent_start in open_chunk and len(open_chunk) > block_len + 1:
             try:  # a violation inside the open last frame says more than "no exit"
-                _latent_frame(open_chunk + [t.frame_sep], len(frames), t, tokenizer, block_len, latent_unit)
+                _latent_frame(open_chunk + [t.frame_sep], len(frames), t, tokenizer, block_len, latent_unit,
+                              latent_call)
             except TraceParseError as e:
                 if "followed by" in str(e):
                     return text, frames, None, None, f"malformed: {e}"
@@ -460,7 +468,7 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
            action_lines: Sequence[Sequence[Sequence[int]]] | None = None,
            forced_actions: Sequence[Sequence[Sequence[int]]] | None = None,
            value_feedback: str = "none", latent_override: torch.Tensor | None = None,
-           latent_unit: str = "locals", frames_per_block: int = 1) -> list[DecodeResult]:
+           latent_unit: str = "locals", frames_per_block: int = 1, latent_call: bool = False) -> list[DecodeResult]:
     """Decode one batch of prompts (token id lists) greedily; results in prompt order.
 
     `action_lines`: per prompt, its program's lines as token ids (`program_action_lines`): actions
@@ -473,11 +481,13 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
     `latent_unit`: the codi model's codi.latent_unit: in the frame unit a latent block is a LINE frame's locals and
     line, so `<|frame_sep|>` follows it (the decoder forces the block alike; parsing and scoring differ);
     `frames_per_block` (codi.frames_per_block): the LINE frames a block stands for, the value feedback going to its last
-    that many latents."""
+    that many latents; `latent_call` (codi.latent_call, frame unit): the trace's first `<|call_sep|>` opens a block too."""
     if frames_per_block < 1 or (frames_per_block > 1 and (latent_unit != "frame" or latent_steps <= frames_per_block)):
         raise ValueError(f"frames_per_block = {frames_per_block}: expected 1, or more in the frame unit with "
                          f"latent_steps above it (latent_unit {latent_unit!r}, latent_steps {latent_steps})")
     _check(mode, projector, latent_steps, max_new_tokens, max_frames, latent_unit)
+    if latent_call and latent_unit != "frame":
+        raise ValueError(f"latent_call needs latent_unit 'frame' (got {latent_unit!r}; codi.latent_call)")
     if not prompts:
         return []
     for name, per_prompt in (("action_lines", action_lines), ("forced_actions", forced_actions)):
@@ -494,15 +504,15 @@ def decode(mode: str, model: nn.Module, tokenizer, prompts: Sequence[Sequence[in
         with torch.inference_mode():
             rows = _Decoder(mode, model, t, len(tokenizer), projector=projector, latent_steps=latent_steps,
                             max_new_tokens=max_new_tokens, max_frames=max_frames, value_feedback=value_feedback,
-                            latent_override=latent_override, frames_per_block=frames_per_block
-                            ).run(prompts, action_lines, forced_actions)
+                            latent_override=latent_override, frames_per_block=frames_per_block,
+                            latent_call=latent_call and mode == "latent").run(prompts, action_lines, forced_actions)
     finally:
         for m, was in zip(modules, training):
             m.train(was)
     results = []
     for row in rows:
         text, frames, answer, kind, error = parse_generation(mode, row.ids, tokenizer, t, row.stop, latent_steps,
-                                                             latent_unit)
+                                                             latent_unit, latent_call and mode == "latent")
         norm, cosine = latent_statistics(row.latents, latent_steps)
         results.append(DecodeResult(mode=mode, ids=row.ids, text=text, frames=frames, answer=answer,
                                     positions=len(row.ids), latent_blocks=row.latent_blocks, stop=row.stop,

@@ -65,8 +65,9 @@ def collect_blocks(codi_model, examples: Sequence[dict[str, Any]], slots: Sequen
         for ex, plan, ex_slots, blocks in zip(chunk, plans, slots[s:s + batch_size], codi_model.block_states(chunk)):
             for k, block in enumerate(blocks):
                 # block k stands for LINE frame k, or (codi.frames_per_block) for a run of frames: the first one's value
-                frame = plan.value_index(k, 0)
-                slot = ex_slots[frame] if frame < len(ex_slots) else None
+                # (codi.latent_call: value_pos counts the call frame first; `slots` holds the LINE frames only)
+                frame = plan.value_index(k, 0) - plan.call_frames
+                slot = ex_slots[frame] if 0 <= frame < len(ex_slots) else None
                 if slot is None:
                     continue
                 states.append(block.numpy())

@@ -262,7 +262,8 @@ class CodiModel(nn.Module):
         a multi-frame block (codi.frames_per_block) the LINE frames each one stands for (`block_frames`)."""
         o = self.options
         return [plan_example(ex, e, self.token_ids, latent_share, o.kd_positions, values=values, latent_count=latent_count,
-                             unit=o.latent_unit, frames_per_block=o.frames_per_block) for e, ex in enumerate(examples)]
+                             unit=o.latent_unit, frames_per_block=o.frames_per_block, latent_call=o.latent_call)
+                for e, ex in enumerate(examples)]
 
     def _value_losses(self, s_value: "_ValueSlots", t_value: torch.Tensor | None, n: int
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -542,20 +543,21 @@ class CodiModel(nn.Module):
 
     def recon_inputs(self, plans: list[ExamplePlan], latents: dict[tuple[int, int], torch.Tensor]
                      ) -> tuple[torch.Tensor, list[list[int]], list[tuple[int, int]]]:
-        """The reconstruction batch: one row per latent span, [latents, <|line_sep|>, locals...] right-padded
+        """The reconstruction batch: one row per latent span, [latents, <|line_sep|> (or <|call_sep|>), locals...] right-padded
         ([S, W, H] input embeddings of the decoder), each row's targets (the locals and `<|action_sep|>`, read at
         slots latent_steps .. latent_steps + len - 1), and the (example, span) of each row."""
         keys = sorted(latents)
         dev, steps = self.device, self.options.latent_steps
         emb = self.recon_lm.get_input_embeddings()
-        targets = []
+        targets, markers = [], []
         for e, s in keys:
             i, r = plans[e].spans[s][0], plans[e].resume[s]
             targets.append(list(plans[e].trace[i + 1:r + 1]))  # what the block stands for, then the token resuming the text
+            markers.append(plans[e].trace[i])  # <|line_sep|>; <|call_sep|> for a latent call frame (codi.latent_call)
         width = steps + max(map(len, targets))
         ids = torch.full((len(keys), width - steps), self.token_ids.pad, dtype=torch.long)
-        for r, tgt in enumerate(targets):
-            ids[r, :len(tgt)] = torch.tensor([self.token_ids.line_sep] + tgt[:-1])  # teacher forcing
+        for r, (marker, tgt) in enumerate(zip(markers, targets)):
+            ids[r, :len(tgt)] = torch.tensor([marker] + tgt[:-1])  # teacher forcing
         block = torch.stack([latents[k] for k in keys]).to(emb.weight.dtype)  # [S, steps, H]
         return torch.cat([block, emb(ids.to(dev))], dim=1), targets, keys
 

@@ -47,6 +47,8 @@ class ExamplePlan:
     value_pos: tuple[int, ...] = ()       # per latent span: trace index of its assigned value's token, -1 none
     resume: tuple[int, ...] = ()          # per latent span: trace index where the text resumes (module docstring)
     block_frames: tuple[int, ...] = ()    # per latent span: the LINE frames it stands for (codi.frames_per_block)
+    call_frames: int = 0                  # 1: the entry call's frame is latent frame 0 (codi.latent_call): `value_pos`
+                                          # and `block_frames` count it first, with no value (-1)
 
     def value_index(self, span: int, frame: int) -> int | None:
         """Index into `value_pos` of frame `frame` of latent span `span` (its LINE frames in order), None past them."""
@@ -155,7 +157,8 @@ def check_value_pos(ex: Mapping[str, Any], index: int, spans: tuple[tuple[int, i
 def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_share: float = 1.0,
                  kd_positions: Literal["action_sep", "action_line", "answer"] = "action_sep",
                  values: bool = False, latent_count: int | None = None,
-                 unit: Literal["locals", "frame"] = "locals", frames_per_block: int = 1) -> ExamplePlan:
+                 unit: Literal["locals", "frame"] = "locals", frames_per_block: int = 1,
+                 latent_call: bool = False) -> ExamplePlan:
     """Check an example and lay out its student rounds (see the module docstring): the first
     latent_frames(len(spans), latent_share) LINE frames are latent, or the first `latent_count` when given (the
     stage curriculum); KD anchors at kd_positions (CodiOptions); `values`: read and check the example's `value_pos`;
@@ -163,21 +166,37 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
     `<|frame_sep|>` was cut off (a truncated trace) stays text, and so does every frame after it.
     `frames_per_block` (codi.frames_per_block, frame unit only): a latent span stands for up to this many consecutive
     LINE frames with nothing between them (a call or return frame ends a block); latent_share and latent_count then
-    count blocks, and `value_pos` holds one entry per LINE frame of the latent blocks, in order."""
+    count blocks, and `value_pos` holds one entry per LINE frame of the latent blocks, in order.
+    `latent_call` (codi.latent_call, frame unit only): the entry call's frame (the trace's first, `<|call_sep|>` up to
+    its `<|frame_sep|>`) is a latent frame too, the first one, grouped with the LINE frames right after it like any
+    other; it assigns no value (`value_pos` -1) and `call_frames` is 1. Its arguments are the prompt's call, so the
+    block has nothing to compute, only positions to save."""
     if frames_per_block < 1 or (frames_per_block > 1 and unit != "frame"):
         raise ValueError(f"frames_per_block = {frames_per_block}: expected 1, or more in the frame unit")
     if unit not in ("locals", "frame"):
         raise ValueError(f"unit = {unit!r}: expected 'locals' or 'frame'")
+    if latent_call and unit != "frame":
+        raise ValueError(f"latent_call needs the frame unit (unit = {unit!r}): the call frame's line would be text")
     if unit == "frame" and kd_positions == "action_line":
         raise ValueError("kd_positions 'action_line' anchors KD on a frame's line, which the frame unit makes latent")
     prompt, trace, all_spans = check_example(ex, index, ids)
     value_pos = check_value_pos(ex, index, all_spans) if values else ()
+    call_frames = 0
     if unit == "locals":
         all_resume = tuple(j for _, j in all_spans)
     else:
         ends = [j + line_length(trace, j, ids) for _, j in all_spans]
         whole = next((s for s, f in enumerate(ends) if f >= len(trace)), len(ends))  # frames with a <|frame_sep|>
         all_spans, all_resume, value_pos = all_spans[:whole], tuple(ends[:whole]), value_pos[:whole]
+        if latent_call and trace[0] == ids.call_sep:
+            j0 = next((q for q in range(1, len(trace)) if trace[q] == ids.action_sep), len(trace))
+            end0 = j0 + line_length(trace, j0, ids) if j0 < len(trace) else len(trace)
+            if end0 < len(trace):
+                call_frames = 1
+                all_spans, all_resume = ((0, j0),) + all_spans, (end0,) + all_resume
+                value_pos = (-1,) + value_pos if values else value_pos
+            else:  # the call frame was cut off before its <|frame_sep|> (a truncated trace): all of it stays text
+                all_spans, all_resume, value_pos = (), (), ()
     all_frames: tuple[int, ...] = ()
     if frames_per_block > 1:  # group consecutive LINE frames: the next one starts right after this one's <|frame_sep|>
         blocks, s = [], 0
@@ -230,7 +249,7 @@ def plan_example(ex: Mapping[str, Any], index: int, ids: TraceTokenIds, latent_s
         rounds.append(Round(tokens=toks, targets=targets, anchors=anchors, ends_in_latent=not last,
                             ss_slots=(2, 1 + end) if end > 1 else (0, 0)))
     return ExamplePlan(prompt=prompt, trace=trace, spans=spans, rounds=tuple(rounds), value_pos=value_pos,
-                       resume=resume, block_frames=block_frames)
+                       resume=resume, block_frames=block_frames, call_frames=call_frames if spans else 0)
 
 
 def latent_frames(n_line_frames: int, share: float) -> int:

@@ -33,6 +33,10 @@ class CodiOptions:
         "LINE frames one latent block stands for (research VI; latent_unit frame): up to this many consecutive ones; "
         "frame j of a block has its value slot at the hidden feeding latent latent_steps - frames_per_block + j "
         "(1: the last latent's, the reference)", ge=1)
+    latent_call: bool = option(
+        "the entry call's frame is latent too (research VI; latent_unit frame): the student writes <|call_sep|> and a "
+        "block, the first one, grouped with the LINE frames after it up to frames_per_block; it assigns no value "
+        "(false: the call frame is text, the reference)")
     kd_layers: list[int] | None = option("hidden-state layers KD aligns (index into hidden_states: 0 = embeddings, "
                                          "-1 = last); null = all layers (frozen teacher or logit KD: the last)",
                                          nonempty=True)
@@ -81,6 +85,9 @@ class CodiOptions:
         if self.frames_per_block > 1 and self.latent_unit != "frame":
             raise ConfigError(f"codi.frames_per_block = {self.frames_per_block}: a block of several LINE frames needs "
                               "codi.latent_unit = 'frame' (in the locals unit the frames' lines lie between them)")
+        if self.latent_call and self.latent_unit != "frame":
+            raise ConfigError("codi.latent_call = true makes the call frame's line latent too: it needs "
+                              f"codi.latent_unit = 'frame' (got {self.latent_unit!r})")
         if self.frames_per_block > 1 and self.latent_steps <= self.frames_per_block:
             raise ConfigError(f"codi.frames_per_block = {self.frames_per_block}: each frame of a block needs a latent "
                               f"of its own after latent_start: codi.latent_steps must exceed it (got {self.latent_steps})")

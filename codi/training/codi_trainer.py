@@ -240,6 +240,7 @@ class CodiTrainer(LengthGroupedTrainer):
                 "latent", core.model, self.processing_class, [e["prompt_ids"] for e in exs], projector=core.projector,
                 latent_steps=core.options.latent_steps, value_feedback=core.options.value_feedback,
                 latent_unit=core.options.latent_unit, frames_per_block=core.options.frames_per_block,
+                latent_call=core.options.latent_call,
                 batch_size=self.args.per_device_eval_batch_size,
                 max_new_tokens=max(len(e["trace_ids"]) for e in exs) + 64,
                 max_frames=max(e["trace_ids"].count(frame_sep) for e in exs) + 8))

@@ -236,3 +236,125 @@ def test_the_probe_reads_a_multi_frame_block_for_its_first_frames_value():
     assert list(blocks.frame_index) == [0, 2, 4]  # blocks of frames (0, 1), (2, 3), (4)
     assert list(blocks.labels) == [ex["trace_ids"][ex["spans"][f][0] + 1] for f in (0, 2, 4)]
     assert blocks.states.shape[:2] == (3, 4)  # latent_start and 3 latents
+
+
+# ------------------------------------------------------------------------------------ the latent call frame
+def call_end(trace):
+    """Index of the `<|frame_sep|>` closing the trace's first frame (the entry call's)."""
+    return frame_end(trace, trace.index(T.action_sep))
+
+
+def test_the_latent_call_frame_is_the_first_latent_frame():
+    ex = make_example(random.Random(0), 3, other_frames=False)
+    ex["value_pos"] = [i + 1 for i, _ in ex["spans"]]
+    trace = ex["trace_ids"]
+    plan = plan_example(ex, 0, T, unit="frame", latent_call=True, values=True)
+    j0 = trace.index(T.action_sep)
+    assert plan.spans == ((0, j0),) + tuple(ex["spans"]) and plan.call_frames == 1
+    assert plan.resume == (call_end(trace),) + plan_example(ex, 0, T, unit="frame").resume
+    assert plan.value_pos == (-1, *ex["value_pos"])  # the call frame assigns nothing
+    p = len(ex["prompt_ids"])
+    assert plan.rounds[0].tokens == tuple(ex["prompt_ids"]) + (T.call_sep, T.latent_start)
+    assert plan.rounds[0].targets == ((p - 1, T.call_sep),)
+    full = ex["prompt_ids"] + trace
+    assert [full[a] for a in plan.teacher_anchors] == [T.frame_sep] * 4
+    # grouped with the LINE frames right after it: blocks (call, 0), (1, 2)
+    grouped = plan_example(ex, 0, T, unit="frame", latent_call=True, values=True, frames_per_block=2)
+    assert grouped.block_frames == (2, 2) and grouped.spans == ((0, j0), ex["spans"][1])
+    assert [grouped.value_index(0, j) for j in range(2)] == [0, 1] and grouped.value_pos[0] == -1
+    assert plan_example(ex, 0, T, unit="frame", latent_call=True, latent_share=0.25).spans == ((0, j0),)
+    off = plan_example(ex, 0, T, unit="frame")
+    assert off.call_frames == 0 and off.spans == tuple(ex["spans"])
+
+
+def test_a_call_frame_cut_before_its_frame_sep_leaves_the_trace_text():
+    t = T
+    ex = {"prompt_ids": [t.trace_context_start, 20, t.frame_sep],
+          "trace_ids": [t.call_sep, 30, t.action_sep, 40, 41], "spans": [(3, 4)]}
+    ex["trace_ids"] = [t.call_sep, 30, t.action_sep, 40, t.line_sep, 31, t.action_sep, 41]
+    ex["spans"] = [(4, 6)]
+    plan = plan_example(ex, 0, t, unit="frame", latent_call=True)
+    assert plan.spans == () and plan.call_frames == 0 and len(plan.rounds) == 1
+
+
+def test_the_latent_call_frame_needs_the_frame_unit():
+    ex = make_example(random.Random(1), 2)
+    with pytest.raises(ValueError, match="latent_call"):
+        plan_example(ex, 0, T, latent_call=True)
+    with pytest.raises(ConfigError, match="codi.latent_call"):
+        codi_model(tiny_base(), T, 2, latent_call=True)
+
+
+@pytest.mark.parametrize("frames_per_block,latent_steps", [(1, 2), (2, 3)])
+def test_the_latent_call_frame_equals_the_oracle_on_its_span(frames_per_block, latent_steps):
+    """The call frame's block is one more widened span, (0, its <|frame_sep|>), for the reference design."""
+    model = codi_model(tiny_base(), T, latent_steps, latent_unit="frame", frames_per_block=frames_per_block,
+                       latent_call=True, recon_weight=0.5)
+    examples = multi_frame_batch()
+    plans = model.plans(examples)
+    blocks = [dict(ex, spans=[(p.spans[s][0], p.resume[s]) for s in range(p.n_spans)]) for ex, p in zip(examples, plans)]
+    assert all(b["spans"][0][0] == 0 and ex["trace_ids"][0] == T.call_sep for b, ex in zip(blocks, examples))
+    out = assert_equal_to_oracle(model, examples, oracle_examples=blocks)
+    assert float(out["kd_loss"]) > 0
+
+
+def test_the_latent_call_frame_trains_the_value_terms_of_the_line_frames_only():
+    exs = multi_frame_batch(seed=2)
+    torch.manual_seed(0)
+    model = codi_model(tiny_base(), T, 2, latent_unit="frame", latent_call=True, value_weight=1.0)
+    states = model.block_states(exs)
+    expected = []
+    for ex, plan, blocks in zip(exs, model.plans(exs), states):
+        assert len(blocks) == len(ex["spans"]) + 1  # the call's block first
+        # LINE frame s: block s + 1; its value slot is the hidden feeding its last latent (latent 0's output)
+        ces = [torch.nn.functional.cross_entropy(model.head(b[-2][None]), torch.tensor([ex["trace_ids"][p]]))
+               for b, p in zip(blocks[1:], ex["value_pos"]) if p >= 0]
+        if ces:
+            expected.append(torch.stack(ces).mean())
+    out = model(exs)
+    assert torch.allclose(out["value_loss"], torch.stack(expected).mean(), atol=1e-6)
+
+
+def test_the_probe_skips_the_call_frames_block():
+    from codi.data.values import AssignedValue
+    from codi.evaluation.probe import collect_blocks
+
+    model = codi_model(tiny_base(), T, 3, latent_unit="frame", frames_per_block=2, latent_call=True)
+    ex = make_example(random.Random(4), 5, other_frames=False) | {"problem_id": "p"}
+    slots = [[AssignedValue(name="x", repr="1", pos=i + 1, kind="copy") for i, _ in ex["spans"]]]
+    blocks = collect_blocks(model, [ex], slots, batch_size=4)
+    assert list(blocks.frame_index) == [1, 3]  # blocks (call, 0), (1, 2), (3, 4): LINE frames 1 and 3 lead two
+    assert list(blocks.labels) == [ex["trace_ids"][ex["spans"][f][0] + 1] for f in (1, 3)]
+
+
+def test_the_decoder_opens_a_block_at_the_entry_call_and_parses_it_as_the_call_frame():
+    from codi.evaluation.decoding import LATENT, decode, parse_generation
+    from codi.tracing.format import render_prompt
+    from codi.tracing.tokens import token_ids
+    from tests.unit.test_decoding import PROGRAMS, _encode, _model, _tokenizer
+
+    tok = _tokenizer()
+    ids = token_ids(tok)
+    base = _model(tok, seed=3)
+    prompt = _encode(tok, render_prompt(*PROGRAMS[1][:2]))
+    with torch.no_grad():  # make <|call_sep|> the first choice
+        h = base.model(input_ids=torch.tensor([prompt])).last_hidden_state[0, -1]
+        base.lm_head.weight[ids.call_sep] = 50.0 * h / h.norm() ** 2
+    model = codi_model(base, ids, 2, latent_unit="frame", latent_call=True).eval()
+    args = dict(projector=model.projector, latent_steps=2, max_frames=10, latent_unit="frame", max_new_tokens=8)
+    [on] = decode("latent", base, tok, [prompt], latent_call=True, **args)
+    assert on.ids[:5] == [ids.call_sep, ids.latent_start, LATENT, LATENT, ids.latent_end]
+    [off] = decode("latent", base, tok, [prompt], **args)
+    assert off.ids[0] == ids.call_sep and ids.latent_start not in off.ids[1:2]
+    # a whole latent trace: the call frame's block, a LINE frame's, then the entry's return frame as text
+    body = [ids.call_sep, ids.latent_start, LATENT, LATENT, ids.latent_end, ids.frame_sep,
+            ids.line_sep, ids.latent_start, LATENT, LATENT, ids.latent_end, ids.frame_sep]
+    ret = _encode(tok, "<|return_sep|><|action_sep|>    return x\n<|arg_sep|>\"3\"<|frame_sep|>")
+    _, frames, answer, _, error = parse_generation("latent", body + ret, tok, ids, "entry_exit", 2, "frame",
+                                                   latent_call=True)
+    assert error == "" and answer == "3" and [f.kind for f in frames] == ["call", "line", "return"]
+    assert frames[0].source_line is None and frames[0].locals is None
+    _, _, _, _, error = parse_generation("latent", body + ret, tok, ids, "entry_exit", 2, "frame")
+    assert "outside a LINE frame" in error
+    with pytest.raises(ValueError, match="latent_call"):
+        decode("latent", base, tok, [prompt], latent_call=True, **dict(args, latent_unit="locals"))
