@@ -2,24 +2,27 @@
 
     python -m experiments.ladder collect --prefix r6 --head --out docs/research6.json   # the finished r6-* experiments
     python -m experiments.frontier --data docs/research6.json --plot plots/frontier.png  # table (stdout) and plot
+    python -m experiments.frontier --data docs/research6.json docs/research5_ramp.json --groups 'r6-*' r5-ramp
 
 Each experiment is a row of `experiments.ladder collect` (its split's retention and compression with their
 intervals, the constant-latent ablation, the wall speedup, and where the wrong latent answers first left the true
 trace). Rows are grouped by seed group (`<name>-s<seed>`): the table gives each group's mean ± sd over its seeds
 and the worst seed; the plot draws every seed as a point and the group means joined by compression, one line per
-rung (the committed default's rung, then any other the rows ran).
+rung (the committed default's rung, then any other the rows ran). `--groups` keeps the seed groups that match one of
+its shell patterns (fnmatch), so that a point measured elsewhere (research V's adopted recipe) joins the curve.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.seeds import group_rows
+from experiments.seeds import group_rows, split_seed
 
 TARGET = {"compression": 3.0, "retention": 0.9}  # issue 35's moonshot on the default rung
 
@@ -119,8 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, nargs="+", required=True, help="collected rows (experiments.ladder collect)")
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--split", default="test", choices=("val", "test"))
+    ap.add_argument("--groups", nargs="+", metavar="PATTERN",
+                    help="keep only the seed groups matching one of these shell patterns (default: every row)")
     args = ap.parse_args(argv)
     rows = [r for path in args.data for r in json.loads(path.read_text())]
+    if args.groups:
+        rows = [r for r in rows if any(fnmatch.fnmatchcase(split_seed(r["experiment"])[0], g)
+                                       for g in args.groups)]
+        if not rows:
+            ap.error(f"--groups {' '.join(args.groups)}: no row of {', '.join(map(str, args.data))} matches")
     points = frontier(rows, args.split)
     print(markdown(points))
     if args.plot:

@@ -35,3 +35,16 @@ def test_the_command_writes_the_table_and_the_plot(tmp_path, capsys):
     assert main(["--data", str(data), "--plot", str(tmp_path / "frontier.png")]) == 0
     assert "r6-frame" in capsys.readouterr().out
     assert (tmp_path / "frontier.png").stat().st_size > 1000
+
+
+def test_groups_keep_the_matching_seed_groups_of_every_file(tmp_path, capsys):
+    r6, r5 = tmp_path / "r6.json", tmp_path / "r5.json"
+    r6.write_text(json.dumps([row("r6-frame-s0", 2.4, 0.85), row("r6-frame-s1", 2.4, 0.8)]))
+    r5.write_text(json.dumps([row("r5-ramp-s0", 1.33, 0.87), row("r5-ramp-vw2-s0", 1.33, 0.7)]))
+    assert main(["--data", str(r6), str(r5), "--groups", "r6-*", "r5-ramp"]) == 0
+    out = capsys.readouterr().out
+    assert "| r5-ramp (r5-ramp-s0) |" in out and "| r6-frame (r6-frame-s0, r6-frame-s1) | 2 |" in out
+    assert "vw2" not in out
+    import pytest
+    with pytest.raises(SystemExit):
+        main(["--data", str(r6), "--groups", "r7-*"])
