@@ -36,7 +36,8 @@ REFERENCE_OPTIONS = dict(kd_layers=None, kd_target="hidden", kd_temp=2.0, single
                          latent_curriculum_frac=0.0, mix_explicit_prob=0.0, projector_dropout=0.0,
                          value_weight=0.0, value_feedback="none", value_kd_weight=0.0, stage_steps=0,
                          stage_reset_optimizer=False, stage_smoothing=0.0, stage_mix_prob=0.0, latent_unit="locals",
-                         frames_per_block=1, latent_call=False)
+                         frames_per_block=1, latent_call=False,
+                         unit_stage_steps=0)
 
 
 def codi_model(base, token_ids, latent_steps, *, frozen_teacher=None, teacher_checkpointing=False,

@@ -34,9 +34,10 @@ from codi.tracing.tokens import TraceTokenIds, load_tokenizer, token_ids
 
 CODI_CONFIG = "codi_config.json"
 PROJECTOR_FILE = "thought_projector.safetensors"
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 # A folder of an older format predates some options: it was trained with their reference behaviour.
-_CALL_OPTIONS = {"latent_call": False}  # format 6 (research VI, the latent call frame)
+_CURRICULUM_OPTIONS = {"unit_stage_steps": 0}  # format 7 (research VI, the unit curriculum)
+_CALL_OPTIONS = {"latent_call": False, **_CURRICULUM_OPTIONS}  # format 6 (research VI, the latent call frame)
 _UNIT_OPTIONS = {"latent_unit": "locals", "frames_per_block": 1, **_CALL_OPTIONS}  # format 5 (research VI)
 _VALUE_OPTIONS = {"value_weight": 0.0, "value_feedback": "none", "value_kd_weight": 0.0,  # format 4 (research IV)
                   "stage_steps": 0, "stage_reset_optimizer": False, "stage_smoothing": 0.0, "stage_mix_prob": 0.0,
@@ -48,6 +49,7 @@ OLDER_DEFAULTS = {
     3: dict(_VALUE_OPTIONS),
     4: dict(_UNIT_OPTIONS),
     5: dict(_CALL_OPTIONS),
+    6: dict(_CURRICULUM_OPTIONS),
 }
 _OPTION_KEYS = tuple(f.name for f in dataclasses.fields(CodiOptions))
 _WEIGHT_KEYS = tuple(f.name for f in dataclasses.fields(LossWeights))

@@ -292,6 +292,29 @@ def draw_uniform(rng: random.Random | torch.Generator) -> float:
     raise ValueError(f"ss_rng: expected a random.Random or torch.Generator, got {type(rng).__name__}")
 
 
+Unit = tuple[str, int, bool]  # (latent_unit, frames_per_block, latent_call): what a block stands for
+
+
+def unit_ladder(unit: str, frames_per_block: int, latent_call: bool) -> tuple[Unit, ...]:
+    """The unit curriculum's stages (codi.unit_stage_steps) up to the configured unit: the locals unit, whole frames
+    one a block, then the configured unit (more frames a block, the latent call frame), each once."""
+    ladder: list[Unit] = [("locals", 1, False)]
+    for rung in (("frame", 1, False), (unit, frames_per_block, latent_call)):
+        if rung not in ladder:
+            ladder.append(rung)
+    return tuple(ladder)
+
+
+def unit_at(step: int, unit_stage_steps: int, ladder: Sequence[Unit]) -> tuple[int, Unit]:
+    """(stage index, unit) of the unit curriculum at optimizer step `step`: stage k covers steps
+    [k * unit_stage_steps, (k + 1) * unit_stage_steps), the last stage every step after. Pure: a resumed run gets the
+    unit an uninterrupted one would."""
+    if unit_stage_steps < 1 or not ladder:
+        raise ValueError(f"unit_at: unit_stage_steps = {unit_stage_steps} and {len(ladder)} stages: expected >= 1 each")
+    k = min(step // unit_stage_steps, len(ladder) - 1)
+    return k, ladder[k]
+
+
 def stage_of(step: int, stage_steps: int) -> int:
     """The stage curriculum's stage (1, 2, ...) at optimizer step `step` (codi.stage_steps > 0)."""
     return step // stage_steps + 1

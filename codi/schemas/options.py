@@ -33,6 +33,10 @@ class CodiOptions:
         "LINE frames one latent block stands for (research VI; latent_unit frame): up to this many consecutive ones; "
         "frame j of a block has its value slot at the hidden feeding latent latent_steps - frames_per_block + j "
         "(1: the last latent's, the reference)", ge=1)
+    unit_stage_steps: int = option(
+        "the unit curriculum (research VI, item 4; Coconut, iCoT-SI): blocks stand first for the locals unit, then for "
+        "whole frames one a block, then for the configured unit (frames_per_block, latent_call), each earlier unit "
+        "lasting this many optimizer steps (codi.modeling.plan.unit_ladder); 0 = off; needs latent_unit frame", ge=0)
     latent_call: bool = option(
         "the entry call's frame is latent too (research VI; latent_unit frame): the student writes <|call_sep|> and a "
         "block, the first one, grouped with the LINE frames after it up to frames_per_block; it assigns no value "
@@ -62,7 +66,8 @@ class CodiOptions:
     stage_steps: int = option("the stage curriculum (research IV, lever c; Coconut, iCoT-SI): stage s = 1, 2, ... lasts "
                               "this many optimizer steps and makes the first s LINE frames of every example latent "
                               "(all from the stage past the longest); 0 = off", ge=0)
-    stage_reset_optimizer: bool = option("stage curriculum: reset the optimizer's state at each stage switch")
+    stage_reset_optimizer: bool = option("stage curriculum (stage_steps or unit_stage_steps): reset the optimizer's "
+                                         "state at each stage switch")
     stage_smoothing: float = option("stage curriculum: probability that a batch makes one more frame latent than its "
                                     "stage (iCoT-SI's removal smoothing)", ge=0.0, le=1.0)
     stage_mix_prob: float = option("stage curriculum: probability that a batch uses an earlier stage, drawn uniformly "
@@ -88,6 +93,12 @@ class CodiOptions:
         if self.latent_call and self.latent_unit != "frame":
             raise ConfigError("codi.latent_call = true makes the call frame's line latent too: it needs "
                               f"codi.latent_unit = 'frame' (got {self.latent_unit!r})")
+        if self.unit_stage_steps > 0 and self.latent_unit != "frame":
+            raise ConfigError(f"codi.unit_stage_steps = {self.unit_stage_steps}: the unit curriculum leads from the "
+                              f"locals unit to the frame unit, but codi.latent_unit is {self.latent_unit!r}")
+        if self.unit_stage_steps > 0 and self.stage_steps > 0:
+            raise ConfigError("codi.unit_stage_steps > 0 (the unit curriculum) and codi.stage_steps > 0 (the frame "
+                              "curriculum) both schedule the stages: set one of them to 0")
         if self.frames_per_block > 1 and self.latent_steps <= self.frames_per_block:
             raise ConfigError(f"codi.frames_per_block = {self.frames_per_block}: each frame of a block needs a latent "
                               f"of its own after latent_start: codi.latent_steps must exceed it (got {self.latent_steps})")
@@ -115,6 +126,13 @@ class CodiOptions:
     def uses_values(self) -> bool:
         """Whether training reads each example's `value_pos` (codi.data.values)."""
         return self.value_weight > 0 or self.value_kd_weight > 0
+
+    def at_unit(self, unit: tuple[str, int, bool]) -> "CodiOptions":
+        """These options with the block unit (latent_unit, frames_per_block, latent_call) of one unit-curriculum stage."""
+        latent_unit, frames_per_block, latent_call = unit
+        return dataclasses.replace(self, latent_unit=latent_unit, frames_per_block=frames_per_block,
+                                   latent_call=latent_call, unit_stage_steps=0 if latent_unit == "locals" else
+                                   self.unit_stage_steps)
 
     @classmethod
     def of(cls, obj: Any) -> "CodiOptions":

@@ -20,8 +20,9 @@ import torch
 
 from codi.data.answers import answers_match
 from codi.evaluation.decoding import iter_decode
+from codi.infra.config import ConfigError
 from codi.modeling.io import PROJECTOR_FILE, save_codi_model
-from codi.modeling.plan import latent_share, ss_ramp, stage_latent_count, stage_of, value_ramp
+from codi.modeling.plan import latent_share, ss_ramp, stage_latent_count, stage_of, unit_at, unit_ladder, value_ramp
 from codi.schemas.codi import CodiConfig
 from codi.schemas.options import CodiOptions
 from codi.training.grouped import LengthGroupedTrainer
@@ -133,6 +134,14 @@ class CodiTrainer(LengthGroupedTrainer):
         self._window: dict[str, list[float]] = defaultdict(list)
         self._micro = (-1, 0)  # (step, micro-batch index within it)
         self._reset_at = -1    # the step whose stage switch last reset the optimizer
+        # the unit curriculum (codi.unit_stage_steps): training steps set the model's options to their stage's unit;
+        # evaluation, checkpoints and the final folder see the configured options
+        self._final_options = self.model.options
+        self._ladder = unit_ladder(section.latent_unit, section.frames_per_block, section.latent_call)
+        if section.unit_stage_steps > 0 and (len(self._ladder) - 1) * section.unit_stage_steps >= section.max_steps:
+            raise ConfigError(f"codi.unit_stage_steps = {section.unit_stage_steps}: its {len(self._ladder) - 1} earlier "
+                              f"unit(s) would take all of codi.max_steps = {section.max_steps}, so the configured unit "
+                              "would never train")
 
     def ss_prob(self) -> float:
         c = self.codi_cfg
@@ -154,6 +163,14 @@ class CodiTrainer(LengthGroupedTrainer):
             count = stage_latent_count(step, c.stage_steps, c.stage_smoothing, c.stage_mix_prob,
                                        stage_rng(c.seed, step, micro, self.args.process_index))
             self._window["latent_frames"].append(float(count))
+        if c.unit_stage_steps > 0:  # the unit curriculum: this step's unit (the configured one outside training)
+            core = self.accelerator.unwrap_model(model)
+            if model.training:
+                stage, unit = unit_at(step, c.unit_stage_steps, self._ladder)
+                core.options = self._final_options.at_unit(unit)
+                self._window["unit_stage"].append(float(stage))
+            else:
+                core.options = self._final_options
         scale = value_ramp(step, self.state.max_steps, c.value_ramp_frac) if model.training else 1.0
         if model.training and c.value_ramp_frac > 0:
             self._window["value_scale"].append(scale)
@@ -166,14 +183,18 @@ class CodiTrainer(LengthGroupedTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         c, step = self.codi_cfg, self.state.global_step
-        if (c.stage_steps > 0 and c.stage_reset_optimizer and step > 0 and step % c.stage_steps == 0
-                and self._reset_at != step):
+        switch = (step > 0 and step % c.stage_steps == 0) if c.stage_steps > 0 else (
+            c.unit_stage_steps > 0 and 0 < step < len(self._ladder) * c.unit_stage_steps
+            and step % c.unit_stage_steps == 0)
+        if c.stage_reset_optimizer and switch and self._reset_at != step:
             # A stage switch (Coconut, iCoT-SI): the optimizer starts afresh. Keyed on the step alone, so a run
             # resumed from the checkpoint at the switch resets where the uninterrupted one did.
             inner = getattr(self.optimizer, "optimizer", self.optimizer)
             inner.state.clear()
             self._reset_at = step
-            print(f"codi: stage {stage_of(step, c.stage_steps)} from step {step}: optimizer state reset")
+            stage = stage_of(step, c.stage_steps) if c.stage_steps > 0 else unit_at(step, c.unit_stage_steps,
+                                                                                      self._ladder)[0] + 1
+            print(f"codi: stage {stage} from step {step}: optimizer state reset")
         return super().training_step(model, inputs, num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -193,6 +214,7 @@ class CodiTrainer(LengthGroupedTrainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         ds = eval_dataset if eval_dataset is not None else self.eval_dataset
         core = self.accelerator.unwrap_model(self.model)
+        core.options = self._final_options  # the unit curriculum: evaluated as decoded, in the configured unit
         was_training = core.training
         core.eval()
         metrics = self._val_losses(core, ds, metric_key_prefix)
@@ -267,6 +289,7 @@ class CodiTrainer(LengthGroupedTrainer):
             merged = plain_causal_lm(self.weights.lm, {k[len("model."):]: v for k, v in full.items()
                                                        if k.startswith("model.")})
             projector_state = {k[len("projector."):]: v for k, v in full.items() if k.startswith("projector.")}
+        self.accelerator.unwrap_model(self.model).options = self._final_options  # (the unit curriculum's stage)
         save_codi_model(self.accelerator.unwrap_model(self.model), self.processing_class, folder,
                         extra={"step": self.state.global_step, "experiment": experiment_name(), "params": self.record},
                         base=merged, projector_state=projector_state)

@@ -270,20 +270,30 @@ def test_codi_with_the_value_levers_trains_and_evaluates(ws, tmp_path, capsys):
 
 
 def test_codi_with_whole_frame_latents_trains_and_evaluates(ws, tmp_path, capsys):
-    """Research VI's frame unit with multi-frame blocks: a latent block stands for up to 2 consecutive LINE frames,
-    locals and lines. The stage trains it with the value terms and the reconstruction of the whole block, the saved
-    model records the unit, and evaluate decodes with it: latent LINE frames carry no line, so the latent mode has
-    no action accuracy."""
+    """Research VI's frame unit with multi-frame blocks and the latent call frame, reached by the unit curriculum: a
+    latent block stands for up to 2 consecutive frames, locals and lines, the entry call's frame first. The stage
+    trains the locals unit at step 0, whole frames one a block at step 1 and the configured unit from step 2,
+    resetting the optimizer at each switch, with the value terms and the reconstruction of the whole block; the saved
+    model records the configured unit, and evaluate decodes with it: latent frames carry no line, so the latent mode
+    has no action accuracy."""
     from codi.modeling import load_codi_model
 
     other = tmp_path / "ws"
     shutil.copytree(ws, other, ignore=shutil.ignore_patterns("checkpoints", "dvclive"))
     opts = {"latent_unit": "frame", "frames_per_block": 2, "latent_steps": 3, "value_weight": 1.0,
-            "value_kd_weight": 0.5, "value_feedback": "soft", "recon_weight": 0.5}
+            "value_kd_weight": 0.5, "value_feedback": "soft", "recon_weight": 0.5, "latent_call": True,
+            "unit_stage_steps": 1, "stage_reset_optimizer": True}
     write_params(other / "params.yaml", tiny_params(codi=opts))
+    capsys.readouterr()
     assert cli(other, "codi") == 0
+    out = capsys.readouterr().out
+    assert "stage 2 from step 1: optimizer state reset" in out and "stage 3 from step 2: optimizer state reset" in out
+    state = json.loads(sorted((other / "checkpoints/codi").glob("checkpoint-*"))[-1].joinpath("trainer_state.json")
+                       .read_text())
+    assert [h["unit_stage"] for h in state["log_history"] if "unit_stage" in h] == [0.0, 1.0, 2.0, 2.0]
     options = load_codi_model(other / "models/codi").config.options
-    assert (options.latent_unit, options.frames_per_block) == ("frame", 2)
+    assert (options.latent_unit, options.frames_per_block, options.latent_call, options.unit_stage_steps) == (
+        "frame", 2, True, 1)
     assert cli(other, "evaluate") == 0
     import pyarrow.parquet as pq
 
@@ -291,6 +301,8 @@ def test_codi_with_whole_frame_latents_trains_and_evaluates(ws, tmp_path, capsys
     latent = [r for r in rows if r["mode"] == "latent"]
     assert latent and all(r["action_accuracy"] is None and r["trace_exact"] is None for r in latent)
     assert all(r["action_accuracy"] is not None for r in rows if r["mode"] == "explicit")
+    texts = json.loads((other / "metrics/eval.json").read_text())
+    assert "latent_ablation" in texts
 
 
 def test_rerun_resumes_the_finished_run(ws, capsys):

@@ -358,3 +358,40 @@ def test_the_decoder_opens_a_block_at_the_entry_call_and_parses_it_as_the_call_f
     assert "outside a LINE frame" in error
     with pytest.raises(ValueError, match="latent_call"):
         decode("latent", base, tok, [prompt], latent_call=True, **dict(args, latent_unit="locals"))
+
+
+# ------------------------------------------------------------------------------------ the unit curriculum
+def test_the_unit_ladder_leads_from_the_locals_to_the_configured_unit():
+    from codi.modeling.plan import unit_at, unit_ladder
+
+    assert unit_ladder("frame", 1, False) == (("locals", 1, False), ("frame", 1, False))
+    ladder = unit_ladder("frame", 3, True)
+    assert ladder == (("locals", 1, False), ("frame", 1, False), ("frame", 3, True))
+    assert [unit_at(s, 100, ladder)[0] for s in (0, 99, 100, 199, 200, 5000)] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="unit_stage_steps"):
+        unit_at(0, 0, ladder)
+
+
+def test_the_unit_curriculum_options():
+    model = codi_model(tiny_base(), T, 4, latent_unit="frame", frames_per_block=3, latent_call=True,
+                       unit_stage_steps=10)
+    locals_ = model.options.at_unit(("locals", 1, False))
+    assert (locals_.latent_unit, locals_.frames_per_block, locals_.latent_call) == ("locals", 1, False)
+    assert model.options.at_unit(("frame", 3, True)) == model.options
+    with pytest.raises(ConfigError, match="codi.unit_stage_steps"):
+        codi_model(tiny_base(), T, 2, unit_stage_steps=10)  # the locals unit: nothing to lead to
+    with pytest.raises(ConfigError, match="codi.unit_stage_steps"):
+        codi_model(tiny_base(), T, 2, latent_unit="frame", unit_stage_steps=10, stage_steps=5)
+
+
+def test_a_model_on_a_stage_unit_equals_one_built_with_it():
+    """The trainer swaps `options` for the stage's unit: the same losses as a model built with that unit."""
+    exs = multi_frame_batch(seed=5)
+    final = codi_model(tiny_base(), T, 3, latent_unit="frame", frames_per_block=2, latent_call=True,
+                       unit_stage_steps=1, value_weight=1.0, recon_weight=0.5)
+    for unit in (("locals", 1, False), ("frame", 1, False)):
+        built = codi_model(tiny_base(), T, 3, latent_unit=unit[0], value_weight=1.0, recon_weight=0.5)
+        built.load_state_dict(final.state_dict())
+        final.options = final.options.at_unit(unit)
+        a, b = final(exs), built(exs)
+        assert all(torch.equal(a[k], b[k]) for k in ("loss", "kd_loss", "value_loss", "recon_loss"))

@@ -449,7 +449,7 @@ def test_the_saved_config_is_the_committed_format_byte_for_byte(tmp_path):
     tok = tiny_tokenizer()
     m = codi_model(tiny_base(vocab=len(tok)), token_ids(tok), 2, kd_weight=0.5, **V3_OPTIONS)
     out = save_codi_model(m, tok, tmp_path / "c", extra={"step": 12})
-    assert (out / "codi_config.json").read_bytes() == (SAVED / "v6.json").read_bytes()
+    assert (out / "codi_config.json").read_bytes() == (SAVED / "v7.json").read_bytes()
 
 
 @pytest.mark.parametrize("version, options", [
@@ -458,7 +458,8 @@ def test_the_saved_config_is_the_committed_format_byte_for_byte(tmp_path):
     ("v3", V3_OPTIONS),                 # before the value options (research IV): off
     ("v4", V3_OPTIONS),                 # before latent_unit (research VI): locals
     ("v5", V3_OPTIONS),                 # before latent_call (research VI): the call frame is text
-    ("v6", V3_OPTIONS),
+    ("v6", V3_OPTIONS),                 # before unit_stage_steps (research VI): no unit curriculum
+    ("v7", V3_OPTIONS),
 ])
 def test_a_folder_saved_by_an_earlier_version_loads(tmp_path, version, options):
     import shutil
