@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.seeds import group_rows, split_seed
+from experiments.seeds import group_rows, predictions_reader, seed_summary, split_seed
 
 TARGET = {"compression": 3.0, "retention": 0.9}  # issue 35's moonshot on the default rung
 
@@ -61,9 +61,23 @@ def point(members: list[dict[str, Any]], split: str) -> dict[str, Any]:
     }
 
 
-def frontier(rows: list[dict[str, Any]], split: str = "test") -> dict[str, dict[str, Any]]:
-    """{seed group: point}, by compression."""
-    points = {g: point(ms, split) for g, ms in group_rows(rows).items()}
+def pooled_retention(rows: list[dict[str, Any]], split: str = "test", predictions=None) -> dict[str, list | None]:
+    """{seed group: [lo, hi]} of its retention's pooled paired interval over seeds (experiments.seeds.pooled_interval:
+    problems resampled alike in every seed), from the predictions in the DVC cache; None where they are missing."""
+    summary = seed_summary(rows, predictions if predictions is not None else predictions_reader())
+    out: dict[str, list | None] = {}
+    for group, entry in summary.items():
+        pooled = (entry.get(split) or {}).get("pooled") or {}
+        cell = pooled.get("retention")
+        out[group] = None if not cell or cell[1] is None else [cell[1], cell[2]]
+    return out
+
+
+def frontier(rows: list[dict[str, Any]], split: str = "test",
+             pooled: dict[str, list | None] | None = None) -> dict[str, dict[str, Any]]:
+    """{seed group: point}, by compression; `pooled` ({group: [lo, hi]}, `pooled_retention`) adds each point's
+    pooled interval of retention."""
+    points = {g: point(ms, split) | {"retention_ci": (pooled or {}).get(g)} for g, ms in group_rows(rows).items()}
     return dict(sorted(points.items(), key=lambda kv: (kv[1]["compression"] or 0)))
 
 
@@ -72,9 +86,9 @@ def _pct(v: float | None) -> str:
 
 
 def markdown(points: dict[str, dict[str, Any]]) -> str:
-    lines = ["| point (experiments) | seeds | compression | retention mean ± sd (worst) | latent | constant latents | "
-             "direct | speedup | latent errors, first departure (action / value / grammar / none) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| point (experiments) | seeds | compression | retention mean ± sd (worst) | pooled 95% CI | latent | "
+             "constant latents | direct | speedup | latent errors, first departure (action / value / grammar / none) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for group, p in points.items():
         sd = "" if p["retention_sd"] is None else f" ± {p['retention_sd']:.2f}"
         ret = "-" if p["retention"] is None else f"{p['retention']:.2f}{sd} ({p['retention_worst']:.2f})"
@@ -82,7 +96,9 @@ def markdown(points: dict[str, dict[str, Any]]) -> str:
         errors = " / ".join(str(fe.get(k, 0)) for k in ("action", "value", "grammar", "none"))
         comp = "-" if p["compression"] is None else f"{p['compression']:.2f}x"
         speed = "-" if p["speedup"] is None else f"{p['speedup']:.2f}x"
-        lines.append(f"| {group} ({', '.join(p['experiments'])}) | {p['seeds']} | {comp} | {ret} | {_pct(p['latent'])} | "
+        ci = p.get("retention_ci")
+        ci = "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+        lines.append(f"| {group} ({', '.join(p['experiments'])}) | {p['seeds']} | {comp} | {ret} | {ci} | {_pct(p['latent'])} | "
                      f"{_pct(p['constant_latents'])} | {_pct(p['direct'])} | {speed} | {errors} |")
     return "\n".join(lines)
 
@@ -131,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                                        for g in args.groups)]
         if not rows:
             ap.error(f"--groups {' '.join(args.groups)}: no row of {', '.join(map(str, args.data))} matches")
-    points = frontier(rows, args.split)
+    points = frontier(rows, args.split, pooled_retention(rows, args.split))
     print(markdown(points))
     if args.plot:
         plot(rows, points, args.plot, args.split)

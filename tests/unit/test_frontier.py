@@ -48,3 +48,22 @@ def test_groups_keep_the_matching_seed_groups_of_every_file(tmp_path, capsys):
     import pytest
     with pytest.raises(SystemExit):
         main(["--data", str(r6), "--groups", "r7-*"])
+
+
+def test_each_point_carries_the_pooled_interval_of_its_seeds():
+    import pandas as pd
+
+    from experiments.frontier import pooled_retention
+
+    def predictions(latent_right):
+        return pd.DataFrame([{"split": "test", "source": "synthetic", "problem_id": f"p{k}", "mode": mode,
+                              "correct": mode == "explicit" or k < latent_right} for k in range(20)
+                             for mode in ("explicit", "latent", "direct")])
+
+    rows = [row("r6-a-s0", 2.4, 0.5), row("r6-a-s1", 2.4, 0.6), row("r6-b-s0", 3.0, 0.4)]
+    tables = {"r6-a-s0": predictions(10), "r6-a-s1": predictions(12)}
+    pooled = pooled_retention(rows, "test", lambda r: tables.get(r["experiment"]))
+    lo, hi = pooled["r6-a"]
+    assert lo < 0.55 < hi and pooled["r6-b"] is None  # r6-b's predictions are missing
+    table = markdown(frontier(rows, "test", pooled))
+    assert f"| 0.55 ± 0.07 (0.50) | [{lo:.2f}, {hi:.2f}] |" in table and "| 0.40 (0.40) | - |" in table
