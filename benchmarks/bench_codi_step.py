@@ -67,6 +67,15 @@ def grouped_batches(lengths: list[int], batch: int, n: int, seed: int) -> list[l
     return out[:n]
 
 
+def inputs_present(cache: Path, model: Path) -> bool:
+    """Whether the cache's train split and the sft model exist; says which is missing (and the stage making it)."""
+    for path, what in ((cache / "train.arrow", "the precompute stage"), (model / "config.json", "the sft stage")):
+        if not path.is_file():
+            print(f"error: {path} is missing: run `dvc repro` ({what}) first", file=sys.stderr)
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
@@ -78,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
-    for path, what in ((args.cache / "train.arrow", "the precompute stage"), (args.model / "config.json", "the sft stage")):
-        if not path.is_file():
-            print(f"error: {path} is missing: run `dvc repro` ({what}) first", file=sys.stderr)
-            return 2
+    if not inputs_present(args.cache, args.model):
+        return 2
     torch.set_num_threads(args.threads)
     params = load_params(args.params)
     cfg = params.codi

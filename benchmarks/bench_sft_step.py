@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_codi_step import grouped_batches  # noqa: E402
+from benchmarks.bench_codi_step import grouped_batches, inputs_present  # noqa: E402
 from codi.data.batching import CausalLMCollator  # noqa: E402
 from codi.data.cache import CacheDataset  # noqa: E402
 from codi.infra.config import load_params  # noqa: E402
@@ -59,10 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
-    for path, what in ((args.cache / "train.arrow", "the precompute stage"), (args.model / "config.json", "the sft stage")):
-        if not path.is_file():
-            print(f"error: {path} is missing: run `dvc repro` ({what}) first", file=sys.stderr)
-            return 2
+    if not inputs_present(args.cache, args.model):
+        return 2
     torch.set_num_threads(args.threads)
     cfg = load_params(args.params).sft
     tok = load_tokenizer(args.model)
