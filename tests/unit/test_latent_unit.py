@@ -270,9 +270,7 @@ def test_the_latent_call_frame_is_the_first_latent_frame():
 def test_a_call_frame_cut_before_its_frame_sep_leaves_the_trace_text():
     t = T
     ex = {"prompt_ids": [t.trace_context_start, 20, t.frame_sep],
-          "trace_ids": [t.call_sep, 30, t.action_sep, 40, 41], "spans": [(3, 4)]}
-    ex["trace_ids"] = [t.call_sep, 30, t.action_sep, 40, t.line_sep, 31, t.action_sep, 41]
-    ex["spans"] = [(4, 6)]
+          "trace_ids": [t.call_sep, 30, t.action_sep, 40, t.line_sep, 31, t.action_sep, 41], "spans": [(4, 6)]}
     plan = plan_example(ex, 0, t, unit="frame", latent_call=True)
     assert plan.spans == () and plan.call_frames == 0 and len(plan.rounds) == 1
 
